@@ -1,0 +1,3 @@
+from latencylab.cli import main
+
+raise SystemExit(main())

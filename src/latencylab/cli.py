@@ -1,0 +1,243 @@
+"""Command line: parse, build a config, call one library function, render.
+
+One ``cmd_<name>(args) -> int`` per subcommand. Every user error is one line
+on stderr and a non-zero exit (2); no tracebacks unless LATENCYLAB_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from latencylab import __version__
+from latencylab.errors import LatencyLabError
+
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (the usage text stays in --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _params(pairs: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise LatencyLabError(f"--param {p!r} must look like key=value")
+        out[key.strip()] = value
+    return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 1")
+    return v
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return v
+
+
+def _fraction(text: str) -> float:
+    v = _positive_float(text)
+    if v >= 1:
+        raise argparse.ArgumentTypeError(f"{text} must be a fraction in (0, 1), e.g. 0.99")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="latencylab", description="Find where inference time goes.")
+    parser.add_argument("--version", action="version", version=f"latencylab {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("profile", help="time every stage of an inference pipeline")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workload", default=None, help="built-in workload: text, vision, synthetic (default text)")
+    src.add_argument("--model", help="an ONNX model file to run with ONNX Runtime")
+    src.add_argument("--pipeline", help="package.module:factory returning a latencylab Pipeline")
+    p.add_argument("--inputs", help="an .npz of inputs for --model (default: generated from declared shapes)")
+    stop = p.add_mutually_exclusive_group()
+    stop.add_argument("--iterations", type=_positive_int, help="exactly N timed iterations")
+    stop.add_argument("--min-time", type=_positive_float, help="time for at least S seconds (default 5)")
+    stop.add_argument("--adaptive", action="store_true", help="until the p99 CI is narrow enough or --max-time")
+    p.add_argument("--max-time", type=_positive_float, default=120.0, help="time cap for --adaptive (s)")
+    p.add_argument("--target-q", type=_fraction, default=0.99, help="quantile --adaptive watches (default 0.99)")
+    p.add_argument("--target-ci", type=_fraction, default=0.05, help="CI half-width to reach, relative (0.05)")
+    p.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed iterations first (default 10)")
+    p.add_argument("--threads", type=_positive_int, help="intra-op threads (torch / ONNX Runtime)")
+    p.add_argument("--batch-size", type=_positive_int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="workload parameter")
+    p.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    e = sub.add_parser("env", help="environment fingerprint, lint and diff")
+    e.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the fingerprint as JSON (- = stdout)")
+    e.add_argument("--diff", nargs=2, metavar=("A", "B"), help="differences that change latency (env or result files)")
+    return parser
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from latencylab.analysis import analyze
+    from latencylab.env import fingerprint, lint
+    from latencylab.profiler import ProfileConfig, apply_threads, profile
+    from latencylab.report.terminal import render_profile
+    from latencylab.workloads import WorkloadOptions, build_workload, load_pipeline_factory
+
+    params = _params(args.param)
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        raise LatencyLabError(f"--device must be cpu or cuda[:N], got {args.device!r}")
+    if args.device.startswith("cuda"):
+        from latencylab.clock import cuda_available
+
+        if not cuda_available():
+            raise LatencyLabError(f"--device {args.device}: no CUDA device is available on this machine")
+    if args.inputs and not args.model:
+        raise LatencyLabError("--inputs only applies with --model")
+    cfg = ProfileConfig(
+        warmup=args.warmup,
+        iterations=args.iterations,
+        min_time_s=args.min_time,
+        adaptive=args.adaptive,
+        max_time_s=args.max_time,
+        target_q=args.target_q,
+        target_rel_ci=args.target_ci,
+        threads=args.threads,
+    )
+    if args.model and args.threads and "threads" not in params:
+        params["threads"] = str(args.threads)
+    if (args.workload or "text") == "synthetic":
+        params.setdefault("offset", str(args.warmup))  # injected spikes land at timed iteration numbers
+    opts = WorkloadOptions(
+        batch_size=args.batch_size,
+        seed=args.seed,
+        device=args.device,
+        model_path=args.model,
+        inputs_path=args.inputs,
+        params=params,
+    )
+    apply_threads(args.threads)
+    err = Console(stderr=True)
+    if args.pipeline:
+        pipe = load_pipeline_factory(args.pipeline, opts)
+    elif args.model:
+        pipe = build_workload("onnx", opts)
+    else:
+        pipe = build_workload(args.workload or "text", opts)
+    apply_threads(args.threads)  # again: building may have imported torch
+    env = fingerprint()
+    if args.quiet or not err.is_terminal:
+        result = profile(pipe, cfg, env=env)
+    else:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        total = cfg.iterations or (cfg.max_time_s if cfg.adaptive else cfg.effective_min_time())
+        with Progress(
+            TextColumn("[bold]profiling[/bold] {task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[n]} it  last {task.fields[last]:.2f} ms"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task(pipe.name, total=total, n=0, last=0.0)
+
+            def on_progress(n: int, elapsed: float, last_ns: int) -> None:
+                done = n if cfg.iterations else elapsed
+                bar.update(task, completed=done, n=n, last=last_ns / 1e6)
+
+            result = profile(pipe, cfg, env=env, progress=on_progress)
+    analysis = analyze(result)
+    out = Console()
+    render_profile(result, analysis, out)
+    for w in lint(env):
+        out.print(f"[yellow]env:[/yellow] {w.message} ({w.hint})")
+    if args.json:
+        path = result.save(args.json)
+        out.print(f"wrote {path}")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from latencylab import env as envmod
+
+    out = Console()
+    if args.diff:
+        a = envmod.load_fingerprint(args.diff[0])
+        b = envmod.load_fingerprint(args.diff[1])
+        diffs = envmod.diff(a, b)
+        envmod.render_diff(diffs, out)
+        return 0
+    fp = envmod.fingerprint()
+    if args.json:
+        text = json.dumps(fp, indent=1, default=str)
+        if args.json == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+            out.print(f"wrote {args.json}")
+        return 0
+    envmod.render_fingerprint(fp, out)
+    envmod.render_warnings(envmod.lint(fp), out)
+    return 0
+
+
+COMMANDS: dict[str, Any] = {"profile": cmd_profile, "env": cmd_env}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(COMMANDS[args.command](args))
+    except LatencyLabError as exc:
+        sys.stderr.write(f"latencylab {args.command}: error: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("latencylab: interrupted\n")
+        return 130
+    except Exception as exc:
+        if os.environ.get("LATENCYLAB_DEBUG"):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        sys.stderr.write(
+            f"latencylab {args.command}: internal error: {type(exc).__name__}: {first} "
+            "(set LATENCYLAB_DEBUG=1 for a traceback)\n"
+        )
+        return EXIT_INTERNAL

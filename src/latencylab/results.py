@@ -1,0 +1,164 @@
+"""Frozen, versioned, JSON-serialisable result types.
+
+Raw samples (integer nanoseconds) are the source of truth; every percentile,
+share and warning is derived from them (see ``analysis``). Each result carries
+the environment fingerprint it was measured in and ``schema_version``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from latencylab.errors import LatencyLabError
+
+SCHEMA_VERSION = 1
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class StageSeries:
+    """Per-iteration durations of one stage, in integer nanoseconds, in run order."""
+
+    name: str
+    kind: str
+    samples_ns: tuple[int, ...]
+
+    def array(self) -> npt.NDArray[np.int64]:
+        return np.asarray(self.samples_ns, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileResult:
+    """One ``latencylab profile`` run.
+
+    ``iteration_start_ns[i]`` is when timed iteration i began, relative to the
+    first timed iteration (host clock). End-to-end latency of iteration i is
+    the sum of its stage durations, which equals last-mark minus first-mark.
+    """
+
+    workload: str
+    stages: tuple[StageSeries, ...]
+    iteration_start_ns: tuple[int, ...]
+    clock: str
+    config: Mapping[str, Any]
+    pipeline: Mapping[str, Any]
+    env: Mapping[str, Any]
+    stop_reason: str
+    warmup_iterations: int
+    wall_time_s: float
+    created_at: str = field(default_factory=utc_now)
+    schema_version: int = SCHEMA_VERSION
+    kind: str = "profile"
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise LatencyLabError("a profile result needs at least one stage")
+        n = len(self.stages[0].samples_ns)
+        if any(len(s.samples_ns) != n for s in self.stages) or len(self.iteration_start_ns) != n:
+            raise LatencyLabError("every stage must have one sample per iteration")
+
+    @property
+    def n(self) -> int:
+        return len(self.iteration_start_ns)
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.stages)
+
+    def stage(self, name: str) -> StageSeries:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def end_to_end_ns(self) -> npt.NDArray[np.int64]:
+        return np.sum([s.array() for s in self.stages], axis=0).astype(np.int64)
+
+    def to_dict(self, with_summary: bool = True) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "kind": self.kind,
+            "created_at": self.created_at,
+            "workload": self.workload,
+        }
+        if with_summary:
+            from latencylab.analysis import analyze
+
+            d["summary"] = analyze(self).summary_dict()
+        d.update(
+            {
+                "clock": self.clock,
+                "stop_reason": self.stop_reason,
+                "warmup_iterations": self.warmup_iterations,
+                "wall_time_s": self.wall_time_s,
+                "config": dict(self.config),
+                "pipeline": dict(self.pipeline),
+                "env": dict(self.env),
+                "iteration_start_ns": list(self.iteration_start_ns),
+                "stages": [
+                    {"name": s.name, "kind": s.kind, "samples_ns": list(s.samples_ns)} for s in self.stages
+                ],
+            }
+        )
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProfileResult:
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise LatencyLabError(f"unsupported schema_version {version!r} (this latencylab reads {SCHEMA_VERSION})")
+        if d.get("kind") != "profile":
+            raise LatencyLabError(f"not a profile result (kind={d.get('kind')!r})")
+        try:
+            return cls(
+                workload=str(d["workload"]),
+                stages=tuple(
+                    StageSeries(str(s["name"]), str(s["kind"]), tuple(int(v) for v in s["samples_ns"]))
+                    for s in d["stages"]
+                ),
+                iteration_start_ns=tuple(int(v) for v in d["iteration_start_ns"]),
+                clock=str(d["clock"]),
+                config=dict(d["config"]),
+                pipeline=dict(d["pipeline"]),
+                env=dict(d["env"]),
+                stop_reason=str(d["stop_reason"]),
+                warmup_iterations=int(d["warmup_iterations"]),
+                wall_time_s=float(d["wall_time_s"]),
+                created_at=str(d["created_at"]),
+                schema_version=int(version),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LatencyLabError(f"malformed profile result: {exc!r}") from exc
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        tmp.replace(p)  # never leave a half-written result behind
+        return p
+
+
+def load_result(path: str | Path) -> ProfileResult:
+    """Read a result file written by ``save`` (one-line errors for bad files)."""
+    p = Path(path)
+    if not p.is_file():
+        raise LatencyLabError(f"{p}: no such result file")
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LatencyLabError(f"{p}: not a JSON result file ({exc.__class__.__name__})") from exc
+    if not isinstance(data, dict):
+        raise LatencyLabError(f"{p}: not a latencylab result")
+    return ProfileResult.from_dict(data)

@@ -1,0 +1,90 @@
+"""Built-in workloads and the loader for user pipelines.
+
+A workload module exposes ``build(opts: WorkloadOptions) -> Pipeline``. Heavy
+imports (torch, transformers, onnxruntime) happen inside ``build`` so that
+``import latencylab`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from latencylab.errors import LatencyLabError
+from latencylab.pipeline import Pipeline
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadOptions:
+    """Options shared by every workload; ``params`` carries workload-specific ``key=value`` pairs."""
+
+    batch_size: int = 1
+    seed: int = 0
+    device: str = "cpu"
+    model_path: str | None = None
+    inputs_path: str | None = None
+    params: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise LatencyLabError(f"batch size must be >= 1, got {self.batch_size}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "device": self.device,
+            "model_path": self.model_path,
+            "inputs_path": self.inputs_path,
+            "params": dict(self.params),
+        }
+
+
+# name -> module path (imported lazily)
+BUILTIN: dict[str, str] = {
+    "text": "latencylab.workloads.text",
+    "vision": "latencylab.workloads.vision",
+    "synthetic": "latencylab.workloads.synthetic",
+    "onnx": "latencylab.workloads.onnx_model",
+}
+
+
+def build_workload(name: str, opts: WorkloadOptions | None = None) -> Pipeline:
+    """Build a built-in workload by name."""
+    opts = opts or WorkloadOptions()
+    if name not in BUILTIN:
+        raise LatencyLabError(f"unknown workload {name!r}; choose one of {', '.join(sorted(BUILTIN))}")
+    module = importlib.import_module(BUILTIN[name])
+    build: Callable[[WorkloadOptions], Pipeline] = module.build
+    return build(opts)
+
+
+def load_pipeline_factory(spec: str, opts: WorkloadOptions | None = None) -> Pipeline:
+    """Build a user pipeline from ``package.module:factory``.
+
+    The factory is called with no arguments, or with a WorkloadOptions if it
+    accepts one argument, and must return a Pipeline.
+    """
+    import inspect
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise LatencyLabError(f"pipeline spec {spec!r} must look like package.module:factory")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise LatencyLabError(f"cannot import module {module_name!r} from pipeline spec: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise LatencyLabError(f"module {module_name!r} has no callable {attr!r}")
+    try:
+        n_params = len(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        n_params = 0
+    pipe = factory(opts or WorkloadOptions()) if n_params >= 1 else factory()
+    if not isinstance(pipe, Pipeline):
+        raise LatencyLabError(f"{spec} returned {type(pipe).__name__}, not a latencylab Pipeline")
+    pipe.validate()
+    return pipe
