@@ -108,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_console() -> Any:
+    """Rich console for results: a pipe or file gets a fixed wide layout, not 80 columns."""
+    from rich.console import Console
+
+    con = Console()
+    return con if con.is_terminal else Console(width=200, no_color=True)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -181,7 +189,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
             result = profile(pipe, cfg, env=env, progress=on_progress)
     analysis = analyze(result)
-    out = Console()
+    out = _stdout_console()
     render_profile(result, analysis, out)
     for w in lint(env):
         out.print(f"[yellow]env:[/yellow] {w.message} ({w.hint})")
@@ -196,7 +204,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
     from latencylab import env as envmod
 
-    out = Console()
+    out = _stdout_console()
     if args.diff:
         a = envmod.load_fingerprint(args.diff[0])
         b = envmod.load_fingerprint(args.diff[1])

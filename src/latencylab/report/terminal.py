@@ -34,7 +34,7 @@ def render_profile(result: ProfileResult, analysis: ProfileAnalysis, console: Co
     conf = analysis.end_to_end.summary.confidence
     table = Table(
         title=f"latencylab profile: {result.workload} ({result.n} iterations, clock {result.clock})",
-        caption=f"ms; [low, high] = {conf:.0%} CI ({analysis.end_to_end.summary.ci_method}); "
+        caption=f"ms; \\[low, high] = {conf:.0%} CI ({analysis.end_to_end.summary.ci_method}); "
         "* = fewer than 10 samples beyond the percentile",
         title_justify="left",
     )

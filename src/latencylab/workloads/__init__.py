@@ -83,7 +83,13 @@ def load_pipeline_factory(spec: str, opts: WorkloadOptions | None = None) -> Pip
         n_params = len(inspect.signature(factory).parameters)
     except (TypeError, ValueError):
         n_params = 0
-    pipe = factory(opts or WorkloadOptions()) if n_params >= 1 else factory()
+    try:
+        pipe = factory(opts or WorkloadOptions()) if n_params >= 1 else factory()
+    except LatencyLabError:
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise LatencyLabError(f"pipeline factory {spec} failed: {type(exc).__name__}: {first}") from exc
     if not isinstance(pipe, Pipeline):
         raise LatencyLabError(f"{spec} returned {type(pipe).__name__}, not a latencylab Pipeline")
     pipe.validate()
