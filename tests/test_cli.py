@@ -21,10 +21,19 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
 def test_profile_synthetic_prints_table_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     p = run(
-        "profile", "--workload", "synthetic", "--iterations", "300", "--warmup", "5",
-        "--param", "stages=preprocess:constant(300us);forward:normal(1ms,50us)",
-        "--param", "spike=forward@150+40x3",
-        "--json", str(out),
+        "profile",
+        "--workload",
+        "synthetic",
+        "--iterations",
+        "300",
+        "--warmup",
+        "5",
+        "--param",
+        "stages=preprocess:constant(300us);forward:normal(1ms,50us)",
+        "--param",
+        "spike=forward@150+40x3",
+        "--json",
+        str(out),
     )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
@@ -33,7 +42,9 @@ def test_profile_synthetic_prints_table_and_writes_json(tmp_path: Path) -> None:
     for name in ("preprocess", "forward", "end-to-end", "share", "p99.9"):
         assert name in table
     assert "stopped: iterations reached" in p.stdout
-    assert "latency jumped" in p.stdout and "iterations 15" in p.stdout, p.stdout  # the injected spike, located
+    assert "latency jumped" in p.stdout and "iterations 15" in p.stdout, (
+        p.stdout
+    )  # the injected spike, located
     res = load_result(out)
     assert res.n == 300 and res.stage_names == ("preprocess", "forward")
     d = json.loads(out.read_text())
@@ -63,19 +74,53 @@ def test_env_json_and_diff(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["profile", "--iterations", "0"], "latencylab profile: error: argument --iterations: 0 must be >= 1"),
-        (["profile", "--iterations", "ten"], "latencylab profile: error: argument --iterations: 'ten' is not an integer"),
-        (["profile", "--min-time", "-3"], "latencylab profile: error: argument --min-time: -3 must be a positive number"),
-        (["profile", "--workload", "nope"], "latencylab profile: error: unknown workload 'nope'; choose one of onnx, synthetic, text, vision"),
-        (["profile", "--pipeline", "nomodule"], "latencylab profile: error: pipeline spec 'nomodule' must look like package.module:factory"),
-        (["profile", "--pipeline", "no_such_mod_xyz:f"], "latencylab profile: error: cannot import module 'no_such_mod_xyz' from pipeline spec: No module named 'no_such_mod_xyz'"),
-        (["profile", "--pipeline", "json:nothing"], "latencylab profile: error: module 'json' has no callable 'nothing'"),
+        (
+            ["profile", "--iterations", "0"],
+            "latencylab profile: error: argument --iterations: 0 must be >= 1",
+        ),
+        (
+            ["profile", "--iterations", "ten"],
+            "latencylab profile: error: argument --iterations: 'ten' is not an integer",
+        ),
+        (
+            ["profile", "--min-time", "-3"],
+            "latencylab profile: error: argument --min-time: -3 must be a positive number",
+        ),
+        (
+            ["profile", "--workload", "nope"],
+            "latencylab profile: error: unknown workload 'nope'; choose one of onnx, synthetic, text, vision",
+        ),
+        (
+            ["profile", "--pipeline", "nomodule"],
+            "latencylab profile: error: pipeline spec 'nomodule' must look like package.module:factory",
+        ),
+        (
+            ["profile", "--pipeline", "no_such_mod_xyz:f"],
+            "latencylab profile: error: cannot import module 'no_such_mod_xyz' from pipeline spec: "
+            "No module named 'no_such_mod_xyz'",
+        ),
+        (
+            ["profile", "--pipeline", "json:nothing"],
+            "latencylab profile: error: module 'json' has no callable 'nothing'",
+        ),
         (["profile", "--pipeline", "json:dumps"], None),
         (["profile", "--model", "/nonexistent/m.onnx"], None),
-        (["profile", "--workload", "synthetic", "--param", "stages=fwd:gauss(1ms)"], "latencylab profile: error: unknown distribution 'gauss': constant, normal, lognormal, uniform"),
-        (["profile", "--workload", "synthetic", "--param", "oops"], "latencylab profile: error: --param 'oops' must look like key=value"),
-        (["profile", "--device", "tpu"], "latencylab profile: error: --device must be cpu or cuda[:N], got 'tpu'"),
-        (["profile", "--iterations", "5", "--adaptive"], "latencylab profile: error: argument --adaptive: not allowed with argument --iterations"),
+        (
+            ["profile", "--workload", "synthetic", "--param", "stages=fwd:gauss(1ms)"],
+            "latencylab profile: error: unknown distribution 'gauss': constant, normal, lognormal, uniform",
+        ),
+        (
+            ["profile", "--workload", "synthetic", "--param", "oops"],
+            "latencylab profile: error: --param 'oops' must look like key=value",
+        ),
+        (
+            ["profile", "--device", "tpu"],
+            "latencylab profile: error: --device must be cpu or cuda[:N], got 'tpu'",
+        ),
+        (
+            ["profile", "--iterations", "5", "--adaptive"],
+            "latencylab profile: error: argument --adaptive: not allowed with argument --iterations",
+        ),
         (["env", "--diff", "/nonexistent/a.json", "/nonexistent/b.json"], None),
         (["bogus"], None),
     ],
@@ -107,7 +152,10 @@ def test_user_pipeline_factory(tmp_path: Path) -> None:
     )
     p = subprocess.run(
         [sys.executable, "-m", "latencylab", "profile", "--pipeline", "mypipe:make", "--iterations", "50"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)},
     )
     assert p.returncode == 0, p.stderr

@@ -62,20 +62,25 @@ def test_real_clock_percentiles_within_3pct_of_truth() -> None:
     pipe = synthetic_pipeline(stages, seed=5, iteration_offset=3)
     res = profile(pipe, ProfileConfig(warmup=3, iterations=800), clock=PerfCounterClock(), env={})
     planned = _planned(pipe, 3, 800)
+    # p50 within 3%; p99 within 5%, because on a shared 2-core VM a few of the 8 tail samples
+    # can include a scheduler preemption (the fake-clock test holds p99 to 3% exactly).
+    tolerance = {0.5: 0.03, 0.99: 0.05}
     for j, st in enumerate(res.stages):
         got = st.array()
-        for q in (0.5, 0.99):
-            assert np.quantile(got, q) == pytest.approx(np.quantile(planned[:, j], q), rel=0.03), (st.name, q)
+        for q, rel in tolerance.items():
+            assert np.quantile(got, q) == pytest.approx(np.quantile(planned[:, j], q), rel=rel), (st.name, q)
     e2e = res.end_to_end_ns()
-    for q in (0.5, 0.99):
-        assert np.quantile(e2e, q) == pytest.approx(np.quantile(planned.sum(axis=1), q), rel=0.03)
+    for q, rel in tolerance.items():
+        assert np.quantile(e2e, q) == pytest.approx(np.quantile(planned.sum(axis=1), q), rel=rel)
     # durations never come out shorter than planned (busy-wait can only overshoot)
     assert (res.stage("forward").array() >= np.floor(planned[:, 1]) - 1).all()
 
 
 def test_injected_level_shift_is_detected_and_located() -> None:
     clk = FakeClock()
-    pipe = synthetic_pipeline(STAGES, [Injection("forward", 600, 150, 2.5)], seed=2, clock=clk, iteration_offset=10)
+    pipe = synthetic_pipeline(
+        STAGES, [Injection("forward", 600, 150, 2.5)], seed=2, clock=clk, iteration_offset=10
+    )
     res = profile(pipe, ProfileConfig(warmup=10, iterations=2000), clock=clk, env={})
     a = analyze(res)
     assert len(a.spikes) == 1
@@ -92,7 +97,7 @@ def test_injected_stall_on_real_clock_is_detected() -> None:
     res = profile(pipe, ProfileConfig(warmup=2, iterations=600), env={})
     spikes = analyze(res).spikes
     stalls = [s for s in spikes if s.kind == "stall"]
-    # A busy machine may add real (scheduler) stalls of its own; the injected one must be found and be the worst.
+    # A busy machine adds real (scheduler) stalls; the injected one must be found, and be the worst.
     worst = max(stalls, key=lambda s: s.ratio)
     assert worst.start == 300 and worst.end == 301
     assert worst.ratio > 50
@@ -100,7 +105,12 @@ def test_injected_stall_on_real_clock_is_detected() -> None:
 
 def test_clean_run_has_no_spike() -> None:
     clk = FakeClock()
-    res = profile(synthetic_pipeline(STAGES, seed=9, clock=clk), ProfileConfig(warmup=0, iterations=5000), clock=clk, env={})
+    res = profile(
+        synthetic_pipeline(STAGES, seed=9, clock=clk),
+        ProfileConfig(warmup=0, iterations=5000),
+        clock=clk,
+        env={},
+    )
     assert analyze(res).spikes == ()
 
 
@@ -110,7 +120,9 @@ def test_shares_sum_to_one_and_match_durations() -> None:
         SyntheticStage("preprocess", Distribution("constant", 2e6), "preprocess"),
         SyntheticStage("forward", Distribution("constant", 6e6), "forward"),
     )
-    res = profile(synthetic_pipeline(stages, clock=clk), ProfileConfig(warmup=0, iterations=50), clock=clk, env={})
+    res = profile(
+        synthetic_pipeline(stages, clock=clk), ProfileConfig(warmup=0, iterations=50), clock=clk, env={}
+    )
     a = analyze(res)
     assert [s.share for s in a.stages] == [0.25, 0.75]
     summary = a.summary_dict()
@@ -193,7 +205,9 @@ def test_cuda_event_clock_charges_async_work_to_its_stage() -> None:
     def host_only(x: object) -> object:
         return x
 
-    pipe = Pipeline("gpu", source=lambda i: None, device="cuda").stage("matmul", launch).stage("host", host_only)
+    pipe = (
+        Pipeline("gpu", source=lambda i: None, device="cuda").stage("matmul", launch).stage("host", host_only)
+    )
     res = profile(pipe, ProfileConfig(warmup=3, iterations=20), clock=CudaEventClock(), env={})
     mm = np.median(res.stage("matmul").array())
     host = np.median(res.stage("host").array())

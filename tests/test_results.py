@@ -15,8 +15,12 @@ from latencylab.workloads.synthetic import synthetic_pipeline
 
 def _result() -> ProfileResult:
     clk = FakeClock()
-    return profile(synthetic_pipeline(seed=4, clock=clk), ProfileConfig(warmup=2, iterations=300), clock=clk,
-                   env=fingerprint(sample_s=0.01))
+    return profile(
+        synthetic_pipeline(seed=4, clock=clk),
+        ProfileConfig(warmup=2, iterations=300),
+        clock=clk,
+        env=fingerprint(sample_s=0.01),
+    )
 
 
 def test_round_trip_through_json(tmp_path: Path) -> None:
@@ -30,7 +34,9 @@ def test_round_trip_through_json(tmp_path: Path) -> None:
     assert set(d["summary"]) >= {"unit", "end_to_end", "stages", "ci", "spikes", "warnings"}
     assert set(d["summary"]["stages"]) == {"preprocess", "forward", "postprocess"}
     e2e = d["summary"]["end_to_end"]
-    assert e2e["p50_ms"] == pytest.approx(float(sorted(res.end_to_end_ns())[149] + sorted(res.end_to_end_ns())[150]) / 2e6)
+    assert e2e["p50_ms"] == pytest.approx(
+        float(sorted(res.end_to_end_ns())[149] + sorted(res.end_to_end_ns())[150]) / 2e6
+    )
     assert e2e["share"] == 1.0
     assert d["env"]["cpu"]["logical_cpus"] >= 1
     assert len(d["stages"][0]["samples_ns"]) == 300

@@ -31,7 +31,7 @@ class Clock(Protocol):
 
     def mark(self) -> Any: ...
 
-    def resolve(self, marks: Sequence[Any]) -> list[int]: ...
+    def resolve(self, marks: Sequence[Any]) -> Sequence[int]: ...
 
 
 class PerfCounterClock:
@@ -42,8 +42,8 @@ class PerfCounterClock:
     # The C function itself, not a Python wrapper: one call per boundary.
     mark = staticmethod(time.perf_counter_ns)
 
-    def resolve(self, marks: Sequence[Any]) -> list[int]:
-        return [int(m) for m in marks]
+    def resolve(self, marks: Sequence[Any]) -> Sequence[int]:
+        return marks  # already integer nanoseconds
 
 
 class FakeClock:
@@ -62,8 +62,8 @@ class FakeClock:
     def mark(self) -> int:
         return self.now_ns
 
-    def resolve(self, marks: Sequence[Any]) -> list[int]:
-        return [int(m) for m in marks]
+    def resolve(self, marks: Sequence[Any]) -> Sequence[int]:
+        return marks
 
 
 class SyncClock:

@@ -308,12 +308,11 @@ def _oversubscribed(fp: dict[str, Any]) -> list[str]:
     if not cpus:
         return []
     over = [f"{v}={n}" for v in _THREAD_VARS if (n := _int(_get(fp, f"threads.env.{v}"))) and n > cpus]
-    intra, inter = _int(_get(fp, "threads.torch_intra_op")), _int(_get(fp, "threads.torch_inter_op"))
+    # Inter-op threads only run concurrent ops (torch.jit.fork); torch's default intra x inter
+    # exceeds the CPUs on every machine, so flagging it would be a false alarm on every run.
+    intra = _int(_get(fp, "threads.torch_intra_op"))
     if intra and intra > cpus:
         over.append(f"torch intra-op threads={intra}")
-    if intra and inter and intra * inter > cpus:
-        # Only bites when ops run concurrently (torch.jit.fork, parallel requests), but then it does.
-        over.append(f"torch intra-op x inter-op threads={intra}x{inter}={intra * inter}")
     return [f"{item} > {cpus} usable CPUs" for item in over]
 
 

@@ -178,14 +178,18 @@ def summarize(
     srt = np.sort(arr)
     values = np.quantile(srt, qs) if len(qs) else np.array([])
     if n <= BOOTSTRAP_MAX_N:
-        cis = bootstrap_quantile_ci(srt, qs, confidence, n_boot, seed) if n > 1 else [(srt[0], srt[0])] * len(qs)
+        cis = (
+            bootstrap_quantile_ci(srt, qs, confidence, n_boot, seed)
+            if n > 1
+            else [(srt[0], srt[0])] * len(qs)
+        )
         method = f"percentile bootstrap, B={n_boot}, seed={seed}"
     else:
         cis = [order_stat_ci(srt, q, confidence) for q in qs]
         method = "order statistics (binomial), distribution-free"
     ests = []
     for q, v, (lo, hi) in zip(qs, values, cis, strict=True):
-        tail = int(math.floor(n * (1.0 - q))) if q >= 0.5 else int(math.floor(n * q))
+        tail = math.floor(n * (1.0 - q)) if q >= 0.5 else math.floor(n * q)
         ests.append(QuantileEstimate(q, float(v), float(lo), float(hi), tail, tail >= TAIL_SAMPLES))
     q1, med, q3 = np.quantile(srt, [0.25, 0.5, 0.75])
     mean = float(arr.mean())
@@ -220,7 +224,17 @@ def _with_warnings(s: Summary, label: str) -> Summary:
                 f"need {need - s.n} more samples ({need} in all) for {TAIL_SAMPLES} beyond it"
             )
     return Summary(
-        s.n, s.mean, s.std, s.min, s.max, s.median, s.iqr, s.quantiles, s.ci_method, s.confidence, tuple(warns)
+        s.n,
+        s.mean,
+        s.std,
+        s.min,
+        s.max,
+        s.median,
+        s.iqr,
+        s.quantiles,
+        s.ci_method,
+        s.confidence,
+        tuple(warns),
     )
 
 
@@ -269,7 +283,9 @@ def detect_spikes(
     n = x.size
     if n < 10:
         return []
-    starts = np.asarray(starts_ns, dtype=np.float64) if starts_ns is not None else np.cumsum(np.r_[0.0, x[:-1]])
+    starts = (
+        np.asarray(starts_ns, dtype=np.float64) if starts_ns is not None else np.cumsum(np.r_[0.0, x[:-1]])
+    )
     t0 = starts[0]
     w = window or max(10, n // 50)
     n_win = n // w

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +87,9 @@ class Distribution:
     def parse(cls, text: str) -> Distribution:
         m = re.fullmatch(r"\s*(\w+)\((.*)\)\s*", text)
         if not m:
-            raise LatencyLabError(f"bad distribution {text!r}: use e.g. normal(2ms,0.2ms) or lognormal(3ms,0.25)")
+            raise LatencyLabError(
+                f"bad distribution {text!r}: use e.g. normal(2ms,0.2ms) or lognormal(3ms,0.25)"
+            )
         kind, args = m.group(1), [a.strip() for a in m.group(2).split(",") if a.strip()]
         want = {"constant": 1, "normal": 2, "lognormal": 2, "uniform": 2}.get(kind)
         if want is None:
@@ -159,6 +161,22 @@ class _Plan:
         return row
 
 
+def _fake_stage(j: int, clock: FakeClock) -> Callable[[np.ndarray], np.ndarray]:
+    def fn(d: np.ndarray) -> np.ndarray:
+        clock.advance(d[j])
+        return d
+
+    return fn
+
+
+def _busy_stage(j: int) -> Callable[[np.ndarray], np.ndarray]:
+    def fn(d: np.ndarray) -> np.ndarray:
+        _busy_wait(d[j])
+        return d
+
+    return fn
+
+
 def synthetic_pipeline(
     stages: Sequence[SyntheticStage] = DEFAULT_STAGES,
     injections: Sequence[Injection] = (),
@@ -189,7 +207,13 @@ def synthetic_pipeline(
         metadata={
             "stages": {s.name: {"dist": s.dist.kind, "a_ns": s.dist.a, "b": s.dist.b} for s in stages},
             "injections": [
-                {"stage": j.stage, "start": j.start, "length": j.length, "factor": j.factor, "extra_ns": j.extra_ns}
+                {
+                    "stage": j.stage,
+                    "start": j.start,
+                    "length": j.length,
+                    "factor": j.factor,
+                    "extra_ns": j.extra_ns,
+                }
                 for j in injections
             ],
             "seed": seed,
@@ -197,18 +221,7 @@ def synthetic_pipeline(
         },
     )
     for j, st in enumerate(stages):
-        if clock is not None:
-
-            def fn(d: np.ndarray, j: int = j, clk: FakeClock = clock) -> np.ndarray:
-                clk.advance(d[j])
-                return d
-
-        else:
-
-            def fn(d: np.ndarray, j: int = j) -> np.ndarray:
-                _busy_wait(d[j])
-                return d
-
+        fn = _fake_stage(j, clock) if clock is not None else _busy_stage(j)
         pipe.stage(st.name, fn, kind=st.kind)
     return pipe
 
@@ -220,7 +233,9 @@ def _parse_stages(text: str) -> list[SyntheticStage]:
             continue
         name, sep, dist = part.partition(":")
         if not sep:
-            raise LatencyLabError(f"bad stage {part!r}: use name:distribution, e.g. forward:lognormal(3ms,0.25)")
+            raise LatencyLabError(
+                f"bad stage {part!r}: use name:distribution, e.g. forward:lognormal(3ms,0.25)"
+            )
         name = name.strip()
         kind = name if name in STAGE_KINDS else "other"
         out.append(SyntheticStage(name, Distribution.parse(dist), kind))
