@@ -54,7 +54,10 @@ class ProfileAnalysis:
 
         return {
             "unit": "ms",
-            "ci": {"confidence": self.end_to_end.summary.confidence, "method": self.end_to_end.summary.ci_method},
+            "ci": {
+                "confidence": self.end_to_end.summary.confidence,
+                "method": self.end_to_end.summary.ci_method,
+            },
             "end_to_end": one(self.end_to_end),
             "stages": {sa.name: one(sa) for sa in self.stages},
             "spikes": [

@@ -82,18 +82,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="time every stage of an inference pipeline")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--workload", default=None, help="built-in workload: text, vision, synthetic (default text)")
+    src.add_argument(
+        "--workload", default=None, help="built-in workload: text, vision, synthetic (default text)"
+    )
     src.add_argument("--model", help="an ONNX model file to run with ONNX Runtime")
     src.add_argument("--pipeline", help="package.module:factory returning a latencylab Pipeline")
     p.add_argument("--inputs", help="an .npz of inputs for --model (default: generated from declared shapes)")
     stop = p.add_mutually_exclusive_group()
     stop.add_argument("--iterations", type=_positive_int, help="exactly N timed iterations")
     stop.add_argument("--min-time", type=_positive_float, help="time for at least S seconds (default 5)")
-    stop.add_argument("--adaptive", action="store_true", help="until the p99 CI is narrow enough or --max-time")
+    stop.add_argument(
+        "--adaptive", action="store_true", help="until the p99 CI is narrow enough or --max-time"
+    )
     p.add_argument("--max-time", type=_positive_float, default=120.0, help="time cap for --adaptive (s)")
-    p.add_argument("--target-q", type=_fraction, default=0.99, help="quantile --adaptive watches (default 0.99)")
-    p.add_argument("--target-ci", type=_fraction, default=0.05, help="CI half-width to reach, relative (0.05)")
-    p.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed iterations first (default 10)")
+    p.add_argument(
+        "--target-q", type=_fraction, default=0.99, help="quantile --adaptive watches (default 0.99)"
+    )
+    p.add_argument(
+        "--target-ci", type=_fraction, default=0.05, help="CI half-width to reach, relative (0.05)"
+    )
+    p.add_argument(
+        "--warmup", type=_non_negative_int, default=10, help="untimed iterations first (default 10)"
+    )
     p.add_argument("--threads", type=_positive_int, help="intra-op threads (torch / ONNX Runtime)")
     p.add_argument("--batch-size", type=_positive_int, default=1)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -103,8 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     e = sub.add_parser("env", help="environment fingerprint, lint and diff")
-    e.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the fingerprint as JSON (- = stdout)")
-    e.add_argument("--diff", nargs=2, metavar=("A", "B"), help="differences that change latency (env or result files)")
+    e.add_argument(
+        "--json", nargs="?", const="-", metavar="PATH", help="write the fingerprint as JSON (- = stdout)"
+    )
+    e.add_argument(
+        "--diff", nargs=2, metavar=("A", "B"), help="differences that change latency (env or result files)"
+    )
     return parser
 
 
@@ -200,7 +214,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from latencylab import env as envmod
 

@@ -117,7 +117,9 @@ class ProfileResult:
     def from_dict(cls, d: Mapping[str, Any]) -> ProfileResult:
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
-            raise LatencyLabError(f"unsupported schema_version {version!r} (this latencylab reads {SCHEMA_VERSION})")
+            raise LatencyLabError(
+                f"unsupported schema_version {version!r} (this latencylab reads {SCHEMA_VERSION})"
+            )
         if d.get("kind") != "profile":
             raise LatencyLabError(f"not a profile result (kind={d.get('kind')!r})")
         try:
