@@ -94,12 +94,8 @@ def main() -> None:
     print(
         "reads as  = median sample latencylab records for a stage that does nothing (its measurement floor)"
     )
-    print(
-        "inflation = reads as - the cost of the no-op call itself: what the profiler adds to every stage reading"
-    )
-    print(
-        "+wall     = wall time added per stage per iteration over the bare loop, whole profile() call included"
-    )
+    print("inflation = reads as - the cost of the no-op call itself: what the profiler adds to each reading")
+    print("+wall     = wall time added per stage per iteration over the bare loop, whole profile() included")
     print("            (source call, resolve, stopping rule, and building the result afterwards)")
 
 

@@ -119,7 +119,7 @@ class _Stopper:
         self.need = stats.samples_needed(cfg.target_q)
         self.next_stat = max(cfg.min_iterations, 50)
         self.last_rel = float("nan")
-        self.next_check = cfg.iterations if self.rule == "iterations" else 1
+        self.next_check: int = cfg.iterations if cfg.iterations is not None else 1
 
     def check(self, n: int, elapsed: float, e2e: Callable[[], npt.NDArray[np.int64]], last_ns: int) -> str:
         cfg = self.cfg
@@ -175,7 +175,6 @@ def profile(
 
         env = fingerprint()
     fns = [s.fn for s in pipeline.stages]
-    k = len(fns)
     source = pipeline.source
     mark = clk.mark
     resolve = clk.resolve
