@@ -139,7 +139,6 @@ def build(opts: WorkloadOptions) -> Pipeline:
                 "p90": sorted(lengths)[int(len(lengths) * 0.9)],
                 "max": max(lengths),
             },
-            "torch_threads": torch.get_num_threads(),
         },
     )
     pipe.stage("tokenize", tokenize, kind="preprocess")
