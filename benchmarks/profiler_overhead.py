@@ -91,9 +91,7 @@ def main() -> None:
             reads.append(r)
         c, h, o, r = (statistics.median(v) for v in (call, hand, ours, reads))
         print(f"{k:>6} {c:>7.0f} ns {r:>6.0f} ns {r - c:>7.0f} ns {h:>11.0f} ns {o:>14.0f} ns {o / h:>6.2f}")
-    print(
-        "reads as  = median sample latencylab records for a stage that does nothing (its measurement floor)"
-    )
+    print("reads as  = median sample latencylab records for a stage that does nothing (its measurement floor)")
     print("inflation = reads as - the cost of the no-op call itself: what the profiler adds to each reading")
     print("+wall     = wall time added per stage per iteration over the bare loop, whole profile() included")
     print("            (source call, resolve, stopping rule, and building the result afterwards)")

@@ -42,9 +42,7 @@ def test_profile_synthetic_prints_table_and_writes_json(tmp_path: Path) -> None:
     for name in ("preprocess", "forward", "end-to-end", "share", "p99.9"):
         assert name in table
     assert "stopped: iterations reached" in p.stdout
-    assert "latency jumped" in p.stdout and "iterations 15" in p.stdout, (
-        p.stdout
-    )  # the injected spike, located
+    assert "latency jumped" in p.stdout and "iterations 15" in p.stdout, p.stdout  # the injected spike, located
     res = load_result(out)
     assert res.n == 300 and res.stage_names == ("preprocess", "forward")
     d = json.loads(out.read_text())

@@ -100,9 +100,7 @@ def test_cpu_readings_match_proc_and_sys(fp: dict[str, Any]) -> None:
     assert set(fp["cpu"]["isa"]) == set(flags) & env._ISA_FLAGS
     assert ("avx2" in fp["cpu"]["isa"]) == ("avx2" in flags)
     assert (fp["os"]["virtualization"] is not None) == ("hypervisor" in flags)
-    governors = {
-        p.read_text().strip() for p in Path("/sys/devices/system/cpu").glob("cpu*/cpufreq/scaling_governor")
-    }
+    governors = {p.read_text().strip() for p in Path("/sys/devices/system/cpu").glob("cpu*/cpufreq/scaling_governor")}
     assert fp["cpu"]["governor"] == (",".join(sorted(governors)) if governors else "not exposed")
     if not governors:  # e.g. this VM: no cpufreq, so lint can only say it could not check
         assert "governor-unknown" in codes(fp) and "governor" not in codes(fp)
@@ -116,9 +114,7 @@ def test_library_versions_come_from_metadata_without_importing_torch() -> None:
     src = str(Path(env.__file__).parents[1])  # works whether or not latencylab is pip-installed
     pythonpath = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
     child_env = {**os.environ, "PYTHONPATH": pythonpath}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=child_env
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=child_env)
     torch_imported, libraries, intra = json.loads(out.stdout)
     assert torch_imported is False and intra is None
     import numpy

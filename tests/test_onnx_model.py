@@ -164,12 +164,8 @@ def test_metadata_describes_model_and_session(models: dict[str, Path]) -> None:
     assert md["model_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert md["opset"] == 17
     assert md["producer"] == "tests"
-    assert md["inputs"] == [
-        {"name": "x", "shape": ["batch", 4], "dtype": "tensor(float)", "fed_shape": [2, 4]}
-    ]
-    assert md["outputs"] == [
-        {"name": "y", "shape": ["batch", 3], "dtype": "tensor(float)", "sample_shape": [2, 3]}
-    ]
+    assert md["inputs"] == [{"name": "x", "shape": ["batch", 4], "dtype": "tensor(float)", "fed_shape": [2, 4]}]
+    assert md["outputs"] == [{"name": "y", "shape": ["batch", 3], "dtype": "tensor(float)", "sample_shape": [2, 3]}]
     assert md["providers"] == ["CPUExecutionProvider"]
     assert md["graph_optimization_level"] == "all"
     assert md["threads"] == 0
@@ -308,9 +304,7 @@ def test_npz_file_errors(models: dict[str, Path], tmp_path: Path) -> None:
     np.save(tmp_path / "single.npy", np.zeros((2, 4), np.float32))
     _raises(_opts(mlp, inputs_path=str(tmp_path / "single.npy")), "single array", "numpy.savez")
     np.savez(tmp_path / "other.npz", input=np.zeros((2, 4), np.float32))
-    _raises(
-        _opts(mlp, inputs_path=str(tmp_path / "other.npz")), "no array for model input(s) 'x'", "has: input"
-    )
+    _raises(_opts(mlp, inputs_path=str(tmp_path / "other.npz")), "no array for model input(s) 'x'", "has: input")
 
 
 @pytest.mark.parametrize(
@@ -331,9 +325,7 @@ def test_npz_content_errors(
     _raises(_opts(models["mlp"], inputs_path=str(tmp_path / "in.npz")), "in.npz", *phrases)
 
 
-def test_npz_cross_array_errors(
-    models: dict[str, Path], torch_model: tuple[Path, Any], tmp_path: Path
-) -> None:
+def test_npz_cross_array_errors(models: dict[str, Path], torch_model: tuple[Path, Any], tmp_path: Path) -> None:
     np.savez(tmp_path / "a.npz", x=np.zeros((2, 6), np.float32), mask=np.ones((2, 5), np.bool_))
     _raises(_opts(models["masked"], inputs_path=str(tmp_path / "a.npz")), "seq=5", "seq=6")
     np.savez(tmp_path / "b.npz", x=np.zeros((2, 6), np.float32), mask=np.ones((2, 6), np.bool_))
@@ -343,9 +335,7 @@ def test_npz_cross_array_errors(
         "dim.seq",
     )
     np.savez(tmp_path / "c.npz", ids=np.zeros((3, 4), np.int64), x=np.zeros((2, 8), np.float32))
-    _raises(
-        _opts(torch_model[0], inputs_path=str(tmp_path / "c.npz")), "different sample counts", "ids 3, x 2"
-    )
+    _raises(_opts(torch_model[0], inputs_path=str(tmp_path / "c.npz")), "different sample counts", "ids 3, x 2")
     np.savez(tmp_path / "d.npz", ids=np.full((3, 4), 2**40, np.int64), x=np.zeros((3, 8), np.float32))
     # in range for the int64 model but not a valid embedding row: onnxruntime's own error, one line
     _raises(_opts(torch_model[0], inputs_path=str(tmp_path / "d.npz")), "onnxruntime failed running net.onnx")
@@ -393,9 +383,7 @@ def test_device_and_provider_errors(models: dict[str, Path]) -> None:
         _raises(_opts(models["mlp"], device="cuda:0"), "onnxruntime-gpu")
 
 
-def test_missing_onnxruntime_gives_install_hint(
-    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_missing_onnxruntime_gives_install_hint(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` raise ImportError
     msg = _raises(_opts(models["mlp"]), "onnxruntime is not installed", exc=MissingDependencyError)
     assert "latencylab[onnx]" in msg

@@ -78,9 +78,7 @@ def test_real_clock_percentiles_within_3pct_of_truth() -> None:
 
 def test_injected_level_shift_is_detected_and_located() -> None:
     clk = FakeClock()
-    pipe = synthetic_pipeline(
-        STAGES, [Injection("forward", 600, 150, 2.5)], seed=2, clock=clk, iteration_offset=10
-    )
+    pipe = synthetic_pipeline(STAGES, [Injection("forward", 600, 150, 2.5)], seed=2, clock=clk, iteration_offset=10)
     res = profile(pipe, ProfileConfig(warmup=10, iterations=2000), clock=clk, env={})
     a = analyze(res)
     assert len(a.spikes) == 1
@@ -120,9 +118,7 @@ def test_shares_sum_to_one_and_match_durations() -> None:
         SyntheticStage("preprocess", Distribution("constant", 2e6), "preprocess"),
         SyntheticStage("forward", Distribution("constant", 6e6), "forward"),
     )
-    res = profile(
-        synthetic_pipeline(stages, clock=clk), ProfileConfig(warmup=0, iterations=50), clock=clk, env={}
-    )
+    res = profile(synthetic_pipeline(stages, clock=clk), ProfileConfig(warmup=0, iterations=50), clock=clk, env={})
     a = analyze(res)
     assert [s.share for s in a.stages] == [0.25, 0.75]
     summary = a.summary_dict()
@@ -205,9 +201,7 @@ def test_cuda_event_clock_charges_async_work_to_its_stage() -> None:
     def host_only(x: object) -> object:
         return x
 
-    pipe = (
-        Pipeline("gpu", source=lambda i: None, device="cuda").stage("matmul", launch).stage("host", host_only)
-    )
+    pipe = Pipeline("gpu", source=lambda i: None, device="cuda").stage("matmul", launch).stage("host", host_only)
     res = profile(pipe, ProfileConfig(warmup=3, iterations=20), clock=CudaEventClock(), env={})
     mm = np.median(res.stage("matmul").array())
     host = np.median(res.stage("host").array())

@@ -53,9 +53,7 @@ def test_profile_text_records_every_stage(text_pipe: Pipeline) -> None:
 
 
 def test_batching_and_padding_options() -> None:
-    pipe = build_workload(
-        "text", WorkloadOptions(batch_size=4, params={"padding": "max_length", "max_length": "64"})
-    )
+    pipe = build_workload("text", WorkloadOptions(batch_size=4, params={"padding": "max_length", "max_length": "64"}))
     enc = pipe.stages[0].fn(pipe.source(0))
     assert tuple(enc["input_ids"].shape) == (4, 64)
     assert pipe.run_once(0).shape == (4, 384)

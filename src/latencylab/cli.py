@@ -82,28 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="time every stage of an inference pipeline")
     src = p.add_mutually_exclusive_group()
-    src.add_argument(
-        "--workload", default=None, help="built-in workload: text, vision, synthetic (default text)"
-    )
+    src.add_argument("--workload", default=None, help="built-in workload: text, vision, synthetic (default text)")
     src.add_argument("--model", help="an ONNX model file to run with ONNX Runtime")
     src.add_argument("--pipeline", help="package.module:factory returning a latencylab Pipeline")
     p.add_argument("--inputs", help="an .npz of inputs for --model (default: generated from declared shapes)")
     stop = p.add_mutually_exclusive_group()
     stop.add_argument("--iterations", type=_positive_int, help="exactly N timed iterations")
     stop.add_argument("--min-time", type=_positive_float, help="time for at least S seconds (default 5)")
-    stop.add_argument(
-        "--adaptive", action="store_true", help="until the p99 CI is narrow enough or --max-time"
-    )
+    stop.add_argument("--adaptive", action="store_true", help="until the p99 CI is narrow enough or --max-time")
     p.add_argument("--max-time", type=_positive_float, default=120.0, help="time cap for --adaptive (s)")
-    p.add_argument(
-        "--target-q", type=_fraction, default=0.99, help="quantile --adaptive watches (default 0.99)"
-    )
-    p.add_argument(
-        "--target-ci", type=_fraction, default=0.05, help="CI half-width to reach, relative (0.05)"
-    )
-    p.add_argument(
-        "--warmup", type=_non_negative_int, default=10, help="untimed iterations first (default 10)"
-    )
+    p.add_argument("--target-q", type=_fraction, default=0.99, help="quantile --adaptive watches (default 0.99)")
+    p.add_argument("--target-ci", type=_fraction, default=0.05, help="CI half-width to reach, relative (0.05)")
+    p.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed iterations first (default 10)")
     p.add_argument("--threads", type=_positive_int, help="intra-op threads (torch / ONNX Runtime)")
     p.add_argument("--batch-size", type=_positive_int, default=1)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -112,13 +102,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    ld = sub.add_parser("load", help="open-loop load test of an Open Inference Protocol endpoint")
+    ld.add_argument("--url", required=True, help="http://127.0.0.1:PORT of the OIP v2 server")
+    ld.add_argument("--model", required=True, help="model name on the server")
+    ld.add_argument("--model-version", help="model version (optional)")
+    arr = ld.add_mutually_exclusive_group()
+    arr.add_argument("--rate", type=_positive_float, help="Poisson arrivals at this mean rate (req/s)")
+    arr.add_argument("--arrivals", help="poisson:R, constant:R, step:10s@50,10s@100, ramp:0-300@60s, trace:FILE")
+    arr.add_argument("--concurrency", type=_positive_int, help="CLOSED loop with N users (hides stalls)")
+    ld.add_argument("--duration", type=_positive_float, default=None, help="seconds of sending (default 10)")
+    ld.add_argument("--max-requests", type=_positive_int, help="stop after N requests")
+    ld.add_argument("--timeout", type=_positive_float, default=30.0, help="per-request timeout (s)")
+    ld.add_argument("--connections", type=_positive_int, default=8, help="connections opened before the run")
+    ld.add_argument("--payload", default="auto", help="auto (from model metadata), text (corpus), or FILE.jsonl")
+    ld.add_argument("--input-name", default=None, help="input tensor name for --payload text")
+    ld.add_argument("--slo", help="latency objective, e.g. p99=100ms (verdict with --confidence)")
+    ld.add_argument("--confidence", type=_fraction, default=0.99)
+    ld.add_argument("--find-capacity", action="store_true", help="search the highest rate meeting --slo")
+    ld.add_argument("--start-rate", type=_positive_float, default=10.0)
+    ld.add_argument("--max-rate", type=_positive_float, default=100_000.0)
+    ld.add_argument("--step-duration", type=_positive_float, default=10.0, help="seconds per capacity step")
+    ld.add_argument("--precision", type=_fraction, default=0.05, help="capacity bracket width (relative)")
+    ld.add_argument("--token", help="bearer token sent as Authorization header")
+    ld.add_argument("--seed", type=int, default=0)
+    ld.add_argument("--json", metavar="PATH", help="write the result as JSON")
+    ld.add_argument("--requests-jsonl", metavar="PATH", help="write one JSON line per request")
+    ld.add_argument("--quiet", action="store_true", help="no live progress")
+
     e = sub.add_parser("env", help="environment fingerprint, lint and diff")
-    e.add_argument(
-        "--json", nargs="?", const="-", metavar="PATH", help="write the fingerprint as JSON (- = stdout)"
-    )
-    e.add_argument(
-        "--diff", nargs=2, metavar=("A", "B"), help="differences that change latency (env or result files)"
-    )
+    e.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the fingerprint as JSON (- = stdout)")
+    e.add_argument("--diff", nargs=2, metavar=("A", "B"), help="differences that change latency (env or result files)")
     return parser
 
 
@@ -239,7 +252,13 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Any] = {"profile": cmd_profile, "env": cmd_env}
+def cmd_load(args: argparse.Namespace) -> int:
+    from latencylab.load.frontend import run_load_command
+
+    return run_load_command(args, _stdout_console())
+
+
+COMMANDS: dict[str, Any] = {"profile": cmd_profile, "env": cmd_env, "load": cmd_load}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -198,9 +198,7 @@ def _gpu_torch(torch: ModuleType) -> dict[str, Any] | None:
     devices = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        devices.append(
-            {"name": p.name, "capability": f"{p.major}.{p.minor}", "total_memory_bytes": p.total_memory}
-        )
+        devices.append({"name": p.name, "capability": f"{p.major}.{p.minor}", "total_memory_bytes": p.total_memory})
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {"devices": devices, "cuda_version": torch.version.cuda, "cudnn_version": cudnn}
 
@@ -466,9 +464,7 @@ def render_fingerprint(fp: dict[str, Any], console: Console) -> None:
         threads += f"; torch {g('threads.torch_intra_op')} intra-op / {g('threads.torch_inter_op')} inter-op"
     freq = NOT_EXPOSED
     if _get(fp, "cpu.frequency"):
-        freq = (
-            f"{g('cpu.frequency.min_mhz')}-{g('cpu.frequency.max_mhz')} MHz, turbo {g('cpu.frequency.turbo')}"
-        )
+        freq = f"{g('cpu.frequency.min_mhz')}-{g('cpu.frequency.max_mhz')} MHz, turbo {g('cpu.frequency.turbo')}"
     gpus = _get(fp, "gpu.torch.devices") or _get(fp, "gpu.nvml.devices") or []
     rows = {
         "cpu": f"{g('cpu.model')}: {g('cpu.logical_cpus')} logical / {g('cpu.physical_cores')} physical, "
@@ -477,10 +473,8 @@ def render_fingerprint(fp: dict[str, Any], console: Console) -> None:
         "governor": g("cpu.governor"),
         "frequency": freq,
         "memory": f"{gib('memory.total_bytes')} total, {gib('memory.available_bytes')} available",
-        "load": f"{g('load.loadavg_1')} {g('load.loadavg_5')} {g('load.loadavg_15')}, "
-        f"{g('load.cpu_percent')}% busy",
-        "os": f"{g('os.distro')}, kernel {g('os.release')} {g('os.machine')}, "
-        f"virtualization {g('os.virtualization')}",
+        "load": f"{g('load.loadavg_1')} {g('load.loadavg_5')} {g('load.loadavg_15')}, {g('load.cpu_percent')}% busy",
+        "os": f"{g('os.distro')}, kernel {g('os.release')} {g('os.machine')}, virtualization {g('os.virtualization')}",
         "python": f"{g('python.implementation')} {g('python.version')} ({g('python.compiler')})",
         "libraries": libs,
         "threads": threads,
@@ -515,7 +509,5 @@ def render_diff(diffs: list[EnvDifference], console: Console) -> None:
         console.print("no differences that affect latency")
         return
     colour = {"high": "red", "medium": "yellow", "low": "dim"}
-    rows = [
-        [_fmt(d.path), _fmt(d.a), _fmt(d.b), f"[{colour.get(d.impact, 'white')}]{d.impact}[/]"] for d in diffs
-    ]
+    rows = [[_fmt(d.path), _fmt(d.a), _fmt(d.b), f"[{colour.get(d.impact, 'white')}]{d.impact}[/]"] for d in diffs]
     _print_table(console, "environment differences", ("field", "a", "b", "impact"), rows)

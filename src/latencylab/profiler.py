@@ -227,8 +227,7 @@ def profile(
     return ProfileResult(
         workload=pipeline.name,
         stages=tuple(
-            StageSeries(s.name, s.kind, tuple(durations[:, j].tolist()))
-            for j, s in enumerate(pipeline.stages)
+            StageSeries(s.name, s.kind, tuple(durations[:, j].tolist())) for j, s in enumerate(pipeline.stages)
         ),
         iteration_start_ns=tuple(starts.tolist()),
         clock=clk.name,

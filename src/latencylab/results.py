@@ -106,9 +106,7 @@ class ProfileResult:
                 "pipeline": dict(self.pipeline),
                 "env": dict(self.env),
                 "iteration_start_ns": list(self.iteration_start_ns),
-                "stages": [
-                    {"name": s.name, "kind": s.kind, "samples_ns": list(s.samples_ns)} for s in self.stages
-                ],
+                "stages": [{"name": s.name, "kind": s.kind, "samples_ns": list(s.samples_ns)} for s in self.stages],
             }
         )
         return d
@@ -117,9 +115,7 @@ class ProfileResult:
     def from_dict(cls, d: Mapping[str, Any]) -> ProfileResult:
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
-            raise LatencyLabError(
-                f"unsupported schema_version {version!r} (this latencylab reads {SCHEMA_VERSION})"
-            )
+            raise LatencyLabError(f"unsupported schema_version {version!r} (this latencylab reads {SCHEMA_VERSION})")
         if d.get("kind") != "profile":
             raise LatencyLabError(f"not a profile result (kind={d.get('kind')!r})")
         try:

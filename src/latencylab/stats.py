@@ -178,11 +178,7 @@ def summarize(
     srt = np.sort(arr)
     values = np.quantile(srt, qs) if len(qs) else np.array([])
     if n <= BOOTSTRAP_MAX_N:
-        cis = (
-            bootstrap_quantile_ci(srt, qs, confidence, n_boot, seed)
-            if n > 1
-            else [(srt[0], srt[0])] * len(qs)
-        )
+        cis = bootstrap_quantile_ci(srt, qs, confidence, n_boot, seed) if n > 1 else [(srt[0], srt[0])] * len(qs)
         method = f"percentile bootstrap, B={n_boot}, seed={seed}"
     else:
         cis = [order_stat_ci(srt, q, confidence) for q in qs]
@@ -283,9 +279,7 @@ def detect_spikes(
     n = x.size
     if n < 10:
         return []
-    starts = (
-        np.asarray(starts_ns, dtype=np.float64) if starts_ns is not None else np.cumsum(np.r_[0.0, x[:-1]])
-    )
+    starts = np.asarray(starts_ns, dtype=np.float64) if starts_ns is not None else np.cumsum(np.r_[0.0, x[:-1]])
     t0 = starts[0]
     w = window or max(10, n // 50)
     n_win = n // w
@@ -341,3 +335,83 @@ def _split(above: npt.NDArray[np.bool_], a: int, b: int, rising: bool) -> int:
 def share(part_total: float, whole_total: float) -> float:
     """Fraction of the whole taken by a part (0 when the whole is 0)."""
     return 0.0 if whole_total <= 0 else part_total / whole_total
+
+
+@dataclass(frozen=True, slots=True)
+class SloVerdict:
+    """Whether ``q``-quantile latency <= threshold holds with ``confidence`` (LoadGen-style early stopping).
+
+    With n requests of which k exceeded the threshold, the tail probability
+    p = P(latency > threshold) is estimated exactly (binomial): the SLO holds
+    ("pass") when even the one-sided upper confidence bound of p is <= 1 - q,
+    fails when the lower bound is > 1 - q, and is "undecided" otherwise, in
+    which case ``need_more`` says how many more requests would decide it if
+    the observed rate k/n held.
+    """
+
+    status: str  # "pass" | "fail" | "undecided"
+    q: float
+    threshold: float
+    confidence: float
+    n: int
+    over: int
+    need_more: int | None
+
+    def describe(self, unit: str = "ms", scale: float = 1e-6) -> str:
+        what = f"{format_q(self.q)} <= {self.threshold * scale:g} {unit}"
+        conf = f"{self.confidence:.0%} confidence"
+        if self.status == "pass":
+            return f"PASS: {what} with {conf} ({self.over} of {self.n} over)"
+        if self.status == "fail":
+            return f"FAIL: {what} is violated with {conf} ({self.over} of {self.n} over)"
+        more = f"need ~{self.need_more} more queries" if self.need_more is not None else "cannot pass at this rate"
+        return f"UNDECIDED: {what} at {conf}: {more} ({self.over} of {self.n} over)"
+
+
+def _passes(n: int, k: int, p: float, alpha: float) -> bool:
+    from scipy.stats import binom
+
+    return bool(binom.cdf(k, n, p) <= alpha)
+
+
+def slo_violated(n: int, over: int, q: float, confidence: float = 0.99) -> bool:
+    """True when "quantile q <= threshold" is already violated with ``confidence`` (one binomial tail).
+
+    Cheap enough to call from a running load test; ``slo_verdict`` also works out ``need_more``.
+    """
+    from scipy.stats import binom
+
+    return over > 0 and bool(binom.sf(over - 1, n, 1.0 - q) <= 1.0 - confidence)
+
+
+def slo_verdict(n: int, over: int, q: float, threshold: float, confidence: float = 0.99) -> SloVerdict:
+    """Verdict for "quantile q <= threshold" from n samples of which ``over`` exceeded the threshold."""
+    from scipy.stats import binom
+
+    _check_q(q)
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must be in (0, 1)")
+    if n < 0 or over < 0 or over > n:
+        raise ValueError("need 0 <= over <= n")
+    p = 1.0 - q
+    alpha = 1.0 - confidence
+    if n > 0 and _passes(n, over, p, alpha):
+        return SloVerdict("pass", q, threshold, confidence, n, over, None)
+    if over > 0 and binom.sf(over - 1, n, p) <= alpha:
+        return SloVerdict("fail", q, threshold, confidence, n, over, None)
+    rate = over / n if n else 0.0
+    if rate >= p:
+        return SloVerdict("undecided", q, threshold, confidence, n, over, None)
+    # Smallest total N with the same over-rate that would pass: double, then bisect.
+    lo, hi = max(n, 1), max(2 * n, 64)
+    while not _passes(hi, math.floor(rate * hi), p, alpha):
+        lo, hi = hi, hi * 2
+        if hi > 10**9:
+            return SloVerdict("undecided", q, threshold, confidence, n, over, None)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _passes(mid, math.floor(rate * mid), p, alpha):
+            hi = mid
+        else:
+            lo = mid
+    return SloVerdict("undecided", q, threshold, confidence, n, over, hi - n)

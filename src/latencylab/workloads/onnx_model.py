@@ -108,9 +108,7 @@ class OnnxParams:
             elif key.startswith("dim.") and len(key) > 4:
                 dims[key[4:]] = _parse_int(key, value, minimum=1)
             else:
-                raise LatencyLabError(
-                    f"unknown onnx workload param {key!r}; known: {', '.join(KNOWN_PARAMS)}"
-                )
+                raise LatencyLabError(f"unknown onnx workload param {key!r}; known: {', '.join(KNOWN_PARAMS)}")
         return cls(threads=threads, opt_level=opt_level, provider=provider, dims=dims)
 
 
@@ -129,9 +127,7 @@ class InputSpec:
     @property
     def dtype(self) -> np.dtype[Any]:
         if self.type not in ORT_DTYPES:
-            raise LatencyLabError(
-                f"model input {self.name!r} has type {self.type}, which latencylab cannot feed"
-            )
+            raise LatencyLabError(f"model input {self.name!r} has type {self.type}, which latencylab cannot feed")
         return ORT_DTYPES[self.type]
 
     @property
@@ -427,9 +423,7 @@ def _npz_source(
                     continue
                 seen = sizes.setdefault(d, (n, f"array {s.name!r}"))
                 if seen[0] != n:
-                    raise LatencyLabError(
-                        f"{where} has {d}={n} on axis {axis} but {seen[1]} has {d}={seen[0]}"
-                    )
+                    raise LatencyLabError(f"{where} has {d}={n} on axis {axis} but {seen[1]} has {d}={seen[0]}")
         if s.rank == 0:
             per_input.append((s.name, a, None))
             fed[s.name] = ()
@@ -482,8 +476,7 @@ def _load_npz(inputs_path: str, names: Sequence[str]) -> dict[str, np.ndarray]:
         raise LatencyLabError(f"inputs file {path.name} is not a readable .npz: {_one_line(exc)}") from exc
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise LatencyLabError(
-            f"inputs file {path.name} holds a single array; "
-            "save named arrays with numpy.savez(path, name=array)"
+            f"inputs file {path.name} holds a single array; save named arrays with numpy.savez(path, name=array)"
         )
     with data:
         missing = [n for n in names if n not in data.files]
@@ -497,9 +490,7 @@ def _load_npz(inputs_path: str, names: Sequence[str]) -> dict[str, np.ndarray]:
             try:
                 out[n] = np.asarray(data[n])
             except Exception as exc:
-                raise LatencyLabError(
-                    f"inputs file {path.name}: cannot read array {n!r}: {_one_line(exc)}"
-                ) from exc
+                raise LatencyLabError(f"inputs file {path.name}: cannot read array {n!r}: {_one_line(exc)}") from exc
     return out
 
 

@@ -87,9 +87,7 @@ class Distribution:
     def parse(cls, text: str) -> Distribution:
         m = re.fullmatch(r"\s*(\w+)\((.*)\)\s*", text)
         if not m:
-            raise LatencyLabError(
-                f"bad distribution {text!r}: use e.g. normal(2ms,0.2ms) or lognormal(3ms,0.25)"
-            )
+            raise LatencyLabError(f"bad distribution {text!r}: use e.g. normal(2ms,0.2ms) or lognormal(3ms,0.25)")
         kind, args = m.group(1), [a.strip() for a in m.group(2).split(",") if a.strip()]
         want = {"constant": 1, "normal": 2, "lognormal": 2, "uniform": 2}.get(kind)
         if want is None:
@@ -233,9 +231,7 @@ def _parse_stages(text: str) -> list[SyntheticStage]:
             continue
         name, sep, dist = part.partition(":")
         if not sep:
-            raise LatencyLabError(
-                f"bad stage {part!r}: use name:distribution, e.g. forward:lognormal(3ms,0.25)"
-            )
+            raise LatencyLabError(f"bad stage {part!r}: use name:distribution, e.g. forward:lognormal(3ms,0.25)")
         name = name.strip()
         kind = name if name in STAGE_KINDS else "other"
         out.append(SyntheticStage(name, Distribution.parse(dist), kind))

@@ -68,9 +68,7 @@ class VisionSpec:
     def from_params(cls, params: Mapping[str, str]) -> VisionSpec:
         unknown = sorted(set(params) - set(PARAMS))
         if unknown:
-            raise LatencyLabError(
-                f"vision: unknown param {unknown[0]!r}; known params are {', '.join(sorted(PARAMS))}"
-            )
+            raise LatencyLabError(f"vision: unknown param {unknown[0]!r}; known params are {', '.join(sorted(PARAMS))}")
         values: dict[str, int] = {}
         for key, raw in params.items():
             _, lo, hi = PARAMS[key]
@@ -219,9 +217,7 @@ class Preprocess:
         torch = _torch()
         side = (self.res, self.res)
         resized = [
-            np.asarray(Image.fromarray(a).resize(side, Image.Resampling.BILINEAR))
-            if a.shape[:2] != side
-            else a
+            np.asarray(Image.fromarray(a).resize(side, Image.Resampling.BILINEAR)) if a.shape[:2] != side else a
             for a in images
         ]
         x = np.stack(resized).astype(np.float32)  # (N, res, res, 3)
@@ -338,9 +334,7 @@ def build(opts: WorkloadOptions) -> Pipeline:
     return pipe
 
 
-def evaluate_accuracy(
-    pipeline: Pipeline, data: JpegSet | None = None, batch_size: int | None = None
-) -> float:
+def evaluate_accuracy(pipeline: Pipeline, data: JpegSet | None = None, batch_size: int | None = None) -> float:
     """Top-1 accuracy of ``pipeline`` over every image of ``data`` (default: its test split).
 
     Runs the pipeline's real stages, in order, on batches of JPEG bytes; the

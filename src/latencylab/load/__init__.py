@@ -1,0 +1,1 @@
+"""Load testing: arrival processes, the open-loop generator, clients and capacity search."""

@@ -1,0 +1,132 @@
+"""Capacity search: the highest offered rate whose run meets a latency SLO.
+
+Bracket, then bisect: starting from ``start_rate`` the offered (Poisson) rate
+doubles until a step fails, then binary search between the last passing and
+first failing rates until they are within ``precision`` of each other. A step
+passes when the run is valid, its ``slo.q`` latency (from the intended send
+time) is within the threshold, and at most ``max_error_fraction`` of requests
+were shed or failed. A step is cut short as soon as the SLO is violated with
+the stated confidence (LoadGen-style early stopping), so failing steps are
+cheap. The capacity is the best goodput (successful requests within the SLO
+per second) among passing steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from latencylab import stats
+from latencylab.load.results import LoadResult, Slo
+
+StepFn = Callable[[float, Callable[[int, int], str]], LoadResult]
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    slo: str
+    capacity_rate: float | None  # highest passing offered rate
+    goodput: float | None  # best goodput among passing steps
+    steps: tuple[dict[str, Any], ...]  # the latency-vs-throughput curve, in the order run
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slo": self.slo,
+            "capacity_rate": self.capacity_rate,
+            "goodput": self.goodput,
+            "reason": self.reason,
+            "steps": list(self.steps),
+        }
+
+
+def step_passes(result: LoadResult, slo: Slo, max_error_fraction: float) -> tuple[bool, str]:
+    s = result.summary
+    if not s.get("valid", False):
+        return False, "invalid run: " + "; ".join(s.get("invalid_reasons", []))
+    if s.get("stopped_early"):
+        return False, str(s["stopped_early"])
+    sent = s.get("sent", 0) or 1
+    bad = (s.get("shed", 0) + s.get("error", 0)) / sent
+    if bad > max_error_fraction:
+        return False, f"{bad:.1%} shed or failed (limit {max_error_fraction:.0%})"
+    key = stats.format_q(slo.q).replace(".", "_") + "_ms"
+    value = s.get(key)
+    if value is None:
+        return False, "no successful request"
+    if value * 1e6 > slo.threshold_ns:
+        return False, f"{stats.format_q(slo.q)} {value:.1f} ms > {slo.threshold_ns / 1e6:g} ms"
+    return True, f"{stats.format_q(slo.q)} {value:.1f} ms"
+
+
+def find_capacity(
+    run_step: StepFn,
+    slo: Slo,
+    start_rate: float = 10.0,
+    max_rate: float = 100_000.0,
+    precision: float = 0.05,
+    max_steps: int = 16,
+    confidence: float = 0.99,
+    max_error_fraction: float = 0.01,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> Capacity:
+    """Run steps through ``run_step(rate, abort_when)`` and return the capacity and the curve."""
+
+    import scipy.stats  # noqa: F401 - imported now, not in the middle of the first timed step
+
+    def abort_when(completed: int, over: int) -> str:
+        if stats.slo_violated(completed, over, slo.q, confidence):
+            return f"SLO violated with {confidence:.0%} confidence after {completed} requests"
+        return ""
+
+    steps: list[dict[str, Any]] = []
+    lo: float | None = None  # highest passing rate
+    hi: float | None = None  # lowest failing rate
+    best_goodput: float | None = None
+    rate = start_rate
+    reason = ""
+    for _ in range(max_steps):
+        result = run_step(rate, abort_when)
+        ok, why = step_passes(result, slo, max_error_fraction)
+        s = result.summary
+        step = {
+            "offered_rate": rate,
+            "achieved_rate": s.get("achieved_rate"),
+            "throughput_ok": s.get("throughput_ok"),
+            "goodput": s.get("goodput"),
+            "p50_ms": s.get("p50_ms"),
+            "p99_ms": s.get("p99_ms"),
+            "sent": s.get("sent"),
+            "passed": ok,
+            "why": why,
+        }
+        steps.append(step)
+        if on_step is not None:
+            on_step(step)
+        if ok:
+            lo = rate
+            g = s.get("goodput")
+            if g is not None and (best_goodput is None or g > best_goodput):
+                best_goodput = g
+        else:
+            hi = rate if hi is None else min(hi, rate)
+        if hi is None:
+            if rate >= max_rate:
+                reason = f"still passing at the maximum rate {max_rate:g}/s"
+                break
+            rate = min(rate * 2, max_rate)
+            continue
+        if lo is None:
+            if rate <= start_rate / 64:
+                reason = "fails even at the lowest rate tried"
+                break
+            rate = rate / 2
+            continue
+        if hi / lo - 1 <= precision:
+            reason = f"bracketed within {precision:.0%}: passes at {lo:g}/s, fails at {hi:g}/s"
+            break
+        rate = (lo + hi) / 2
+    else:
+        reason = f"stopped after {max_steps} steps"
+    return Capacity(slo.describe(), lo, best_goodput, tuple(steps), reason)

@@ -1,0 +1,231 @@
+"""``latencylab load``: turn CLI arguments into a load test or capacity search, and render the outcome."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from latencylab.errors import LatencyLabError
+from latencylab.load.arrivals import ArrivalProcess, Poisson, parse_arrivals
+from latencylab.load.generator import LoadConfig, Payload
+from latencylab.load.payloads import fetch_metadata, infer_path, payloads_for_model, text_payloads
+from latencylab.load.results import LoadResult, Slo, write_requests_jsonl
+
+
+def _payloads(args: argparse.Namespace, meta: dict[str, Any]) -> list[Payload]:
+    if args.payload == "auto":
+        return payloads_for_model(meta, n=64, seed=args.seed)
+    if args.payload == "text":
+        name = args.input_name or str(meta["inputs"][0]["name"])
+        return text_payloads(name)
+    path = Path(args.payload)
+    if not path.is_file():
+        raise LatencyLabError(f"--payload {args.payload}: not auto, text, or an existing .jsonl file")
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise LatencyLabError(f"{path}:{i}: not a JSON infer request") from exc
+        if not isinstance(obj, dict) or "inputs" not in obj:
+            raise LatencyLabError(f"{path}:{i}: an infer request needs an 'inputs' list")
+        out.append(Payload(json.dumps(obj).encode(), f"{path.name}:{i}"))
+    if not out:
+        raise LatencyLabError(f"{path}: no requests")
+    return out
+
+
+def _progress(console: Console, quiet: bool) -> Any:
+    if quiet or not console.is_terminal:
+        return None, None
+    from rich.live import Live
+
+    live = Live(console=console, transient=True, refresh_per_second=4)
+
+    def update(p: dict[str, Any]) -> None:
+        live.update(
+            f"[bold]load[/bold] {p['elapsed_s']:.1f}s  sent {p['sent']}  done {p['done']}  "
+            f"rate {p['rate']:.0f}/s  p50 {p['p50_ms']:.1f} ms  p99 {p['p99_ms']:.1f} ms  "
+            f"errors {p['errors']}  in flight {p['in_flight']}"
+        )
+
+    return live, update
+
+
+def render_load(result: LoadResult, console: Console) -> None:
+    s = result.summary
+    t = Table(
+        title=f"latencylab load: {result.target['url']}{result.target['path']} [{s['mode']}]",
+        title_justify="left",
+    )
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+
+    def ms(key: str) -> str:
+        v = s.get(key)
+        return "-" if v is None else f"{v:.2f} ms"
+
+    rate = s.get("target_rate")
+    t.add_row("offered rate (target)", "-" if rate is None else f"{rate:.1f}/s")
+    ach = s.get("achieved_rate")
+    t.add_row("achieved send rate", "-" if ach is None else f"{ach:.1f}/s")
+    t.add_row("sent / ok / shed / error", f"{s['sent']} / {s['ok']} / {s['shed']} / {s['error']}")
+    for key, label in (("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), ("p99_9_ms", "p99.9")):
+        ci = s.get(key.replace("_ms", "_ci_ms"))
+        extra = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+        t.add_row(f"latency {label} (from intended send)", ms(key) + extra)
+    t.add_row("uncorrected p50 / p99 (from actual send)", f"{ms('uncorrected_p50_ms')} / {ms('uncorrected_p99_ms')}")
+    t.add_row(
+        "generator lateness p50 / p99 / max",
+        f"{ms('lateness_p50_ms')} / {ms('lateness_p99_ms')} / {ms('lateness_max_ms')}",
+    )
+    cpu = s.get("client_cpu_percent")
+    t.add_row("client CPU", "-" if cpu is None else f"{cpu:.0f}% of one core")
+    t.add_row("valid", "yes" if s["valid"] else "[red]NO[/red]")
+    console.print(t)
+    for r in s.get("invalid_reasons", []):
+        console.print(f"[red]invalid:[/red] {r}")
+    if s.get("stopped_early"):
+        console.print(f"stopped early: {s['stopped_early']}")
+    if s.get("coordinated_omission"):
+        console.print(f"note: {s['coordinated_omission']}")
+    if s.get("slo"):
+        console.print(f"SLO {s['slo']['text']}")
+    for reason, n in s.get("errors_by_reason", {}).items():
+        console.print(f"errors: {n} x {reason}")
+    for w in s.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    if result.server:
+        srv = result.server
+        stages = ", ".join(f"{k} {v:.2f} ms" for k, v in srv["server_stages_mean_ms"].items())
+        net = srv.get("network_and_client_mean_ms")
+        console.print(
+            f"server-side means ({srv['server_requests']} requests): {stages}; "
+            f"client mean {srv['client_mean_ms']:.2f} ms"
+            + ("" if net is None else f"; network + client overhead {net:.2f} ms")
+        )
+
+
+def run_load_command(args: argparse.Namespace, console: Console) -> int:
+    from latencylab.env import fingerprint
+    from latencylab.load.capacity import find_capacity
+    from latencylab.load.runner import load_test
+
+    slo = Slo.parse(args.slo) if args.slo else None
+    if args.find_capacity and slo is None:
+        raise LatencyLabError("--find-capacity needs --slo, e.g. --slo p99=100ms")
+    if args.find_capacity and (args.concurrency or args.arrivals):
+        raise LatencyLabError("--find-capacity searches Poisson rates itself: drop --concurrency/--arrivals")
+    meta = fetch_metadata(args.url, args.model, args.model_version)
+    payloads = _payloads(args, meta)
+    path = infer_path(args.model, args.model_version)
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    env = fingerprint(sample_s=0.0)
+    info = {"model": args.model, "platform": meta.get("platform")}
+    duration = args.duration if args.duration is not None else (None if args.max_requests else 10.0)
+
+    if args.find_capacity:
+        assert slo is not None
+
+        def run_step(rate: float, abort_when: Any) -> LoadResult:
+            cfg = LoadConfig("open", 1, args.step_duration, None, args.timeout, args.connections, headers=headers)
+            res, _ = load_test(
+                args.url, path, payloads, Poisson(rate, args.seed), cfg, slo, args.confidence, args.seed,
+                abort_when=abort_when, env=env, target_info=info,
+            )  # fmt: skip
+            return res
+
+        def on_step(step: dict[str, Any]) -> None:
+            mark = "pass" if step["passed"] else "FAIL"
+            p99 = step["p99_ms"]
+            console.print(
+                f"  offered {step['offered_rate']:.1f}/s  achieved {step['achieved_rate'] or 0:.1f}/s  "
+                f"p99 {'-' if p99 is None else f'{p99:.1f} ms'}  {mark}: {step['why']}"
+            )
+
+        console.print(f"capacity search for {slo.describe()} on {args.url}{path}")
+        cap = find_capacity(
+            run_step,
+            slo,
+            args.start_rate,
+            args.max_rate,
+            args.precision,
+            confidence=args.confidence,
+            on_step=on_step,
+        )
+        rate = "none" if cap.capacity_rate is None else f"{cap.capacity_rate:.1f}/s"
+        good = "-" if cap.goodput is None else f"{cap.goodput:.1f}/s"
+        console.print(f"capacity: {rate} offered, goodput {good} ({cap.reason})")
+        if args.json:
+            doc = {
+                "schema_version": 1,
+                "kind": "capacity",
+                "summary": {"slo": cap.slo, "capacity_rate": cap.capacity_rate, "goodput": cap.goodput},
+                "capacity": cap.to_dict(),
+                "env": env,
+            }
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(doc, indent=1))
+            console.print(f"wrote {args.json}")
+        return 0
+
+    arrivals: ArrivalProcess | None
+    if args.concurrency:
+        cfg = LoadConfig(
+            "closed",
+            args.concurrency,
+            duration,
+            args.max_requests,
+            args.timeout,
+            args.concurrency,
+            headers=headers,
+        )
+        arrivals = None
+    else:
+        arrivals = parse_arrivals(args.arrivals, args.seed) if args.arrivals else Poisson(args.rate or 10.0, args.seed)
+        cfg = LoadConfig("open", 1, duration, args.max_requests, args.timeout, args.connections, headers=headers)
+    live, update = _progress(Console(stderr=True), args.quiet)
+    if live is not None:
+        with live:
+            result, rec = load_test(
+                args.url,
+                path,
+                payloads,
+                arrivals,
+                cfg,
+                slo,
+                args.confidence,
+                args.seed,
+                update,
+                env=env,
+                target_info=info,
+            )
+    else:
+        result, rec = load_test(
+            args.url,
+            path,
+            payloads,
+            arrivals,
+            cfg,
+            slo,
+            args.confidence,
+            args.seed,
+            None,
+            env=env,
+            target_info=info,
+        )
+    render_load(result, console)
+    if args.json:
+        result.save(args.json)
+        console.print(f"wrote {args.json}")
+    if args.requests_jsonl:
+        write_requests_jsonl(args.requests_jsonl, rec)
+        console.print(f"wrote {args.requests_jsonl}")
+    return 0

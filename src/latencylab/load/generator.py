@@ -1,0 +1,413 @@
+"""Open-loop (and closed-loop) load generation with coordinated-omission-correct timing.
+
+Open loop: every request has an *intended* send time from the arrival process,
+fixed before the run, independent of how fast the server answers. The sender
+sleeps until ~1.5 ms before an intended time, then yields to the event loop
+in a tight loop until the time has come, so sends are on time to tens of
+microseconds; if every connection is busy it opens another instead of
+waiting. Each request gets three timestamps (host ``perf_counter_ns``):
+
+* intended  -- from the arrival process;
+* sent      -- when its bytes were handed to the socket;
+* done      -- when the last byte of the response arrived.
+
+Latency (corrected) = done - intended: what a user arriving at that moment
+experiences, so a server stall that delays sends still shows in percentiles.
+Latency (uncorrected) = done - sent: what a closed-loop tool would report.
+Lateness = sent - intended: the generator's own error. A run where more than
+1% of requests were more than 1 ms late is marked invalid.
+
+Closed loop (``mode="closed"``): ``concurrency`` users, each sending its next
+request when the previous one completes; intended = sent, so the corrected
+and uncorrected figures coincide. This is what Locust-style tools measure;
+results are labelled as such, because a stall pauses the users and hides
+itself.
+
+Every request sent gets exactly one outcome: ok (2xx), shed (429/503),
+error (other status, transport failure, timeout); ``sent == ok + shed + error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from latencylab.errors import LatencyLabError
+from latencylab.load.arrivals import ArrivalProcess
+from latencylab.load.http import ConnectionPool, Target, build_request
+
+LATE_NS = 1_000_000  # 1 ms
+LATE_FRACTION = 0.01
+SPIN_NS = 1_500_000  # sleep until this close to an intended time, then spin
+
+OUTCOMES = ("ok", "shed", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """One pre-encoded request body (and what it represents, for records)."""
+
+    body: bytes
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    mode: str = "open"  # "open" | "closed"
+    concurrency: int = 1  # closed loop only
+    duration_s: float | None = 10.0
+    max_requests: int | None = None
+    timeout_s: float = 30.0
+    connections: int = 8  # opened before the run
+    max_connections: int = 4096
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("open", "closed"):
+            raise LatencyLabError(f"mode must be open or closed, got {self.mode!r}")
+        if self.duration_s is None and self.max_requests is None:
+            raise LatencyLabError("give a duration or a maximum request count (runs are bounded)")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise LatencyLabError("duration must be > 0 s")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise LatencyLabError("max requests must be >= 1")
+        if self.concurrency < 1:
+            raise LatencyLabError("concurrency must be >= 1")
+        if not self.timeout_s > 0:
+            raise LatencyLabError("timeout must be > 0 s")
+
+
+@dataclass(slots=True)
+class Records:
+    """Raw per-request data of one run (arrays, ns relative to the run start)."""
+
+    intended_ns: np.ndarray
+    sent_ns: np.ndarray
+    done_ns: np.ndarray
+    outcome: np.ndarray  # 0 ok, 1 shed, 2 error
+    status: np.ndarray
+    payload: np.ndarray
+    errors: dict[str, int]
+    retry_after: list[str]
+
+    @property
+    def n(self) -> int:
+        return int(self.intended_ns.size)
+
+    def corrected(self) -> np.ndarray:
+        return self.done_ns - self.intended_ns
+
+    def uncorrected(self) -> np.ndarray:
+        return self.done_ns - self.sent_ns
+
+    def lateness(self) -> np.ndarray:
+        return self.sent_ns - self.intended_ns
+
+
+@dataclass(frozen=True, slots=True)
+class RunStats:
+    """What the generator measured about itself."""
+
+    wall_s: float  # first intended send to last completion
+    send_span_s: float  # first to last intended send
+    cpu_s: float  # generator process CPU (user + system) during the run
+    connections_opened: int
+    max_in_flight: int
+    stopped_early: str = ""
+
+
+ProgressFn = Callable[[dict[str, Any]], None]
+AbortFn = Callable[[int, int], str]  # (completed, over the SLO) -> reason to stop sending, or ""
+
+
+class _Run:
+    """State of one run on the event loop."""
+
+    def __init__(self, target: Target, path: str, payloads: Sequence[Payload], cfg: LoadConfig) -> None:
+        if not payloads:
+            raise LatencyLabError("no payloads to send")
+        self.cfg = cfg
+        self.pool = ConnectionPool(target, cfg.max_connections)
+        self.requests = [build_request(target, "POST", path, p.body, cfg.headers) for p in payloads]
+        self.intended: list[int] = []
+        self.sent: list[int] = []
+        self.done: list[int] = []
+        self.outcome: list[int] = []
+        self.status: list[int] = []
+        self.payload: list[int] = []
+        self.errors: dict[str, int] = {}
+        self.retry_after: list[str] = []
+        self.inflight: dict[int, tuple[Any, int]] = {}
+        self.max_inflight = 0
+        self.completed = 0
+        self.all_sent = False
+        self.finished: asyncio.Event = asyncio.Event()
+        self.t0 = 0
+        self.on_complete: Callable[[int], None] | None = None
+        self.slo_ns: float | None = None
+        self.over = 0  # completed requests that missed slo_ns or did not succeed
+        self.stop_sending = False
+        self.stop_reason = ""
+        self._pending: set[asyncio.Future[None]] = set()
+
+    def _record(self, status: int, headers: dict[str, str], body: bytes, done: int, rid: int) -> None:
+        self.inflight.pop(rid, None)
+        self.done[rid] = done - self.t0
+        self.status[rid] = status
+        if 200 <= status < 300:
+            self.outcome[rid] = 0
+        elif status in (429, 503):
+            self.outcome[rid] = 1
+            if "retry-after" in headers:
+                self.retry_after.append(headers["retry-after"])
+        else:
+            self.outcome[rid] = 2
+            reason = f"HTTP {status}" if status else body.decode("utf-8", "replace")
+            self.errors[reason] = self.errors.get(reason, 0) + 1
+        self.completed += 1
+        if self.slo_ns is not None and (self.outcome[rid] != 0 or done - self.t0 - self.intended[rid] > self.slo_ns):
+            self.over += 1
+        if self.on_complete is not None:
+            self.on_complete(rid)
+        if self.all_sent and self.completed == len(self.intended):
+            self.finished.set()
+
+    def _new_slot(self, intended: int, payload: int) -> int:
+        rid = len(self.intended)
+        self.intended.append(intended)
+        self.sent.append(0)
+        self.done.append(0)
+        self.outcome.append(-1)
+        self.status.append(0)
+        self.payload.append(payload)
+        return rid
+
+    def send(self, rid: int) -> None:
+        conn = self.pool.acquire_idle()
+        if conn is None:
+            task = asyncio.ensure_future(self._send_on_new(rid))
+            self._pending.add(task)  # keep a reference until done (the loop holds only weak ones)
+            task.add_done_callback(self._pending.discard)
+            return
+        self._write(conn, rid)
+
+    def _write(self, conn: Any, rid: int) -> None:
+        now = time.perf_counter_ns()
+        self.sent[rid] = now - self.t0
+        self.inflight[rid] = (conn, now)
+        if len(self.inflight) > self.max_inflight:
+            self.max_inflight = len(self.inflight)
+        conn.send(self.requests[self.payload[rid]], rid, self._record)
+
+    async def _send_on_new(self, rid: int) -> None:
+        try:
+            conn = await self.pool.open()
+        except ConnectionError as exc:
+            self.sent[rid] = time.perf_counter_ns() - self.t0
+            self._record(0, {}, str(exc).encode(), time.perf_counter_ns(), rid)
+            return
+        self._write(conn, rid)
+
+    async def watchdog(self, abort_when: AbortFn | None) -> None:
+        """Time out requests past the per-request timeout and apply the abort rule (every 50 ms)."""
+        limit = int(self.cfg.timeout_s * 1e9)
+        while not self.finished.is_set():
+            await asyncio.sleep(0.05)
+            if abort_when is not None and not self.stop_sending:
+                reason = abort_when(self.completed, self.over)
+                if reason:
+                    self.stop_sending = True
+                    self.stop_reason = reason
+            now = time.perf_counter_ns()
+            for _rid, (conn, sent) in list(self.inflight.items()):
+                if now - sent > limit:
+                    conn.abort(f"timeout after {self.cfg.timeout_s:g} s")
+
+    def records(self) -> Records:
+        return Records(
+            intended_ns=np.asarray(self.intended, dtype=np.int64),
+            sent_ns=np.asarray(self.sent, dtype=np.int64),
+            done_ns=np.asarray(self.done, dtype=np.int64),
+            outcome=np.asarray(self.outcome, dtype=np.int8),
+            status=np.asarray(self.status, dtype=np.int16),
+            payload=np.asarray(self.payload, dtype=np.int32),
+            errors=dict(self.errors),
+            retry_after=list(self.retry_after),
+        )
+
+
+async def _progress_task(run: _Run, progress: ProgressFn, every_s: float = 0.25) -> None:
+    while not run.finished.is_set():
+        await asyncio.sleep(every_s)
+        n_done = run.completed
+        done = np.asarray(run.done[: len(run.intended)], dtype=np.int64)
+        mask = done > 0
+        lat = (done[mask] - np.asarray(run.intended, dtype=np.int64)[mask]) if mask.any() else np.array([])
+        elapsed = (time.perf_counter_ns() - run.t0) / 1e9
+        progress(
+            {
+                "elapsed_s": elapsed,
+                "sent": len(run.intended),
+                "done": n_done,
+                "errors": sum(run.errors.values()),
+                "in_flight": len(run.inflight),
+                "rate": len(run.intended) / elapsed if elapsed > 0 else 0.0,
+                "p50_ms": float(np.quantile(lat, 0.5)) / 1e6 if lat.size else float("nan"),
+                "p99_ms": float(np.quantile(lat, 0.99)) / 1e6 if lat.size else float("nan"),
+            }
+        )
+
+
+async def _open_loop(run: _Run, arrivals: ArrivalProcess, n_payloads: int, seed: int) -> None:
+    cfg = run.cfg
+    rng = np.random.default_rng(seed)
+    choices = rng.integers(0, n_payloads, size=4096)
+    counter = itertools.count()
+    perf = time.perf_counter_ns
+    t0 = run.t0
+    for a in arrivals.arrivals(cfg.duration_s, cfg.max_requests):
+        if run.stop_sending:
+            break
+        intended = t0 + round(a.t_s * 1e9)
+        while True:
+            dt = intended - perf()
+            if dt <= 0:
+                break
+            if dt > SPIN_NS:
+                await asyncio.sleep((dt - SPIN_NS) / 1e9)
+            else:
+                await asyncio.sleep(0)  # yield: responses keep being processed while we spin
+        i = next(counter)
+        payload = a.payload if a.payload is not None else int(choices[i % 4096])
+        if payload >= n_payloads:
+            raise LatencyLabError(f"arrival {i} names payload {payload}, but only {n_payloads} exist")
+        run.send(run._new_slot(intended - t0, payload))
+    run.all_sent = True
+    if run.completed == len(run.intended):
+        run.finished.set()
+
+
+async def _closed_loop(run: _Run, n_payloads: int, seed: int) -> None:
+    cfg = run.cfg
+    rng = np.random.default_rng(seed)
+    end_ns = run.t0 + round(cfg.duration_s * 1e9) if cfg.duration_s is not None else None
+    budget = cfg.max_requests
+    loop = asyncio.get_running_loop()
+
+    def next_request(_prev: int | None = None) -> None:
+        if run.all_sent:
+            return
+        now = time.perf_counter_ns()
+        if (
+            run.stop_sending
+            or (end_ns is not None and now >= end_ns)
+            or (budget is not None and len(run.intended) >= budget)
+        ):
+            run.all_sent = True
+            if run.completed == len(run.intended):
+                run.finished.set()
+            return
+        rid = run._new_slot(now - run.t0, int(rng.integers(0, n_payloads)))
+        run.send(rid)
+
+    def on_complete(rid: int) -> None:
+        loop.call_soon(next_request)
+
+    run.on_complete = on_complete
+    for _ in range(cfg.concurrency):
+        next_request()
+    await run.finished.wait()
+
+
+async def generate(
+    url: str,
+    path: str,
+    payloads: Sequence[Payload],
+    arrivals: ArrivalProcess | None,
+    cfg: LoadConfig,
+    seed: int = 0,
+    progress: ProgressFn | None = None,
+    slo_ns: float | None = None,
+    abort_when: AbortFn | None = None,
+) -> tuple[Records, RunStats]:
+    """Run one load test against ``url + path`` and return the raw records and the generator's own stats.
+
+    ``abort_when(completed, over)`` is consulted every 50 ms (``over`` counts
+    completed requests slower than ``slo_ns`` or unsuccessful); a non-empty
+    reason stops sending, lets in-flight requests finish, and is returned in
+    ``RunStats.stopped_early``.
+    """
+    target = Target.parse(url)
+    run = _Run(target, path, payloads, cfg)
+    run.slo_ns = slo_ns
+    if cfg.mode == "open" and arrivals is None:
+        raise LatencyLabError("open-loop mode needs an arrival process")
+    try:
+        await run.pool.warm(min(cfg.connections, cfg.max_connections))
+    except ConnectionError as exc:
+        raise LatencyLabError(str(exc)) from exc
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    run.t0 = time.perf_counter_ns() + 20_000_000  # first send 20 ms from now: the loop is settled
+    tasks = [asyncio.ensure_future(run.watchdog(abort_when))]
+    if progress is not None:
+        tasks.append(asyncio.ensure_future(_progress_task(run, progress)))
+    try:
+        if cfg.mode == "open":
+            assert arrivals is not None
+            await _open_loop(run, arrivals, len(payloads), seed)
+            await run.finished.wait()
+        else:
+            while time.perf_counter_ns() < run.t0:
+                await asyncio.sleep(0.001)
+            await _closed_loop(run, len(payloads), seed)
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        run.pool.close()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    rec = run.records()
+    end = int(rec.done_ns.max()) if rec.n else 0
+    stats = RunStats(
+        wall_s=end / 1e9,
+        send_span_s=(int(rec.intended_ns.max()) if rec.n else 0) / 1e9,
+        cpu_s=(ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
+        connections_opened=run.pool.opened,
+        max_in_flight=run.max_inflight,
+        stopped_early=run.stop_reason,
+    )
+    return rec, stats
+
+
+def run_load(
+    url: str,
+    path: str,
+    payloads: Sequence[Payload],
+    arrivals: ArrivalProcess | None,
+    cfg: LoadConfig,
+    seed: int = 0,
+    progress: ProgressFn | None = None,
+    slo_ns: float | None = None,
+    abort_when: AbortFn | None = None,
+) -> tuple[Records, RunStats]:
+    """Synchronous wrapper: runs ``generate`` on a fresh event loop (uvloop when installed)."""
+    coro = generate(url, path, payloads, arrivals, cfg, seed, progress, slo_ns, abort_when)
+    if os.environ.get("LATENCYLAB_NO_UVLOOP") is None:
+        try:
+            import uvloop
+
+            return uvloop.run(coro)
+        except ImportError:
+            pass
+    return asyncio.run(coro)

@@ -1,0 +1,180 @@
+"""The load generator against servers with known behaviour (all traffic on 127.0.0.1, bounded)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from latencylab.load.arrivals import Constant, Poisson
+from latencylab.load.generator import LoadConfig
+from latencylab.load.payloads import fetch_metadata, infer_path, payloads_for_model
+from latencylab.load.results import LoadResult, Slo
+from latencylab.load.runner import load_test
+from latencylab.workloads.synthetic import Distribution
+from tests.servers import drawn_service_times, reference_server
+
+PATH = infer_path("reference")
+
+
+def _payloads(url: str) -> list:
+    return payloads_for_model(fetch_metadata(url, "reference"), n=16)
+
+
+@pytest.mark.slow
+def test_percentiles_within_3pct_of_known_service_times() -> None:
+    dist = Distribution.parse("lognormal(40ms,0.35)")
+    with reference_server("--service", "lognormal(40ms,0.35)", "--seed", "3") as url:
+        res, _ = load_test(url, PATH, _payloads(url), Poisson(100, seed=1), LoadConfig(duration_s=14), env={})
+        drawn = drawn_service_times(url)
+    s = res.summary
+    assert s["valid"] and s["sent"] == s["ok"] == drawn.size >= 1200
+    for q, key in ((0.5, "p50_ms"), (0.99, "p99_ms")):
+        realised = np.quantile(drawn, q) / 1e6
+        assert s[key] == pytest.approx(realised, rel=0.03), (key, s[key], realised)
+        assert s[key] == pytest.approx(dist.quantile(q) / 1e6, rel=0.06)  # sampling error of 1400 draws
+    assert s["lateness_p99_ms"] <= 1.0
+    # reconciliation: the server's own mean request time is within the client's mean, minus ~1 ms of loopback
+    srv = res.server
+    assert srv is not None and srv["server_requests"] == s["ok"]
+    assert 0 <= srv["network_and_client_mean_ms"] < 3
+
+
+@pytest.mark.slow
+def test_open_loop_shows_a_stall_that_closed_loop_hides() -> None:
+    args = ("--service", "constant(10ms)", "--stall-at", "3", "--stall", "1s")
+    with reference_server(*args) as url:
+        open_res, _ = load_test(url, PATH, _payloads(url), Constant(50), LoadConfig(duration_s=8), env={})
+    with reference_server(*args) as url:
+        closed_res, _ = load_test(
+            url, PATH, _payloads(url), None, LoadConfig(mode="closed", concurrency=1, duration_s=8), env={}
+        )
+    o, c = open_res.summary, closed_res.summary
+    # Open loop: the ~50 requests due during the 1 s freeze all wait; ~12% of requests exceed 100 ms.
+    assert o["p99_ms"] > 700
+    assert o["p90_ms"] > 100
+    assert o["valid"]
+    # Closed loop: the one user waits out the stall once; the other ~700 requests are fast.
+    assert c["p99_ms"] < 50
+    assert c["max_ms"] > 900  # the stall is there, hidden in a single sample
+    assert c["mode"] == "closed (concurrency 1)"
+    assert "closed loop" in c["coordinated_omission"]
+    # Uncorrected (from actual send) figures of the open loop are what perf_analyzer-style timing would see.
+    assert o["p99_ms"] >= o["uncorrected_p99_ms"]
+
+
+def test_sent_equals_ok_plus_shed_plus_error_and_retry_after() -> None:
+    with reference_server("--service", "constant(50ms)", "--max-inflight", "2") as url:
+        res, rec = load_test(url, PATH, _payloads(url), Constant(200), LoadConfig(duration_s=1.5), env={})
+    s = res.summary
+    assert s["sent"] == s["ok"] + s["shed"] + s["error"] == rec.n
+    assert s["shed"] > 0.5 * s["sent"]  # 200/s offered, ~40/s served
+    assert s["ok"] > 0 and s["error"] == 0
+    assert "corrected_shed" in res.histograms
+
+
+def test_timeouts_are_errors_not_drops() -> None:
+    with reference_server("--service", "constant(5ms)", "--stall-at", "0.2", "--stall", "3s") as url:
+        res, _ = load_test(url, PATH, _payloads(url), Constant(20), LoadConfig(duration_s=1.0, timeout_s=0.5), env={})
+    s = res.summary
+    assert s["sent"] == s["ok"] + s["shed"] + s["error"]
+    assert s["error"] >= 10
+    assert any("timeout after 0.5 s" in r for r in s["errors_by_reason"])
+
+
+def test_result_round_trips_and_histograms_merge_losslessly(tmp_path: Path) -> None:
+    with reference_server("--service", "constant(2ms)") as url:
+        a, _ = load_test(url, PATH, _payloads(url), Poisson(100, seed=1), LoadConfig(duration_s=1), env={})
+        b, _ = load_test(url, PATH, _payloads(url), Poisson(100, seed=2), LoadConfig(duration_s=1), env={})
+    p = a.save(tmp_path / "a.json")
+    back = LoadResult.from_dict(json.loads(p.read_text()))
+    assert back.summary == json.loads(json.dumps(a.summary))
+    merged = back.histogram("corrected_ok")
+    merged.merge(b.histogram("corrected_ok"))
+    assert merged.count == a.summary["ok"] + b.summary["ok"]
+
+
+def test_slo_verdict_and_early_abort() -> None:
+    with reference_server("--service", "constant(30ms)", "--serial") as url:
+        # 60/s offered to a server that does ~33/s: the queue grows, the SLO is violated and the run stops early.
+        from latencylab import stats
+
+        slo = Slo.parse("p99=50ms")
+
+        def abort(done: int, over: int) -> str:
+            return "violated" if stats.slo_violated(done, over, slo.q, 0.99) else ""
+
+        res, _ = load_test(
+            url,
+            PATH,
+            _payloads(url),
+            Constant(60),
+            LoadConfig(duration_s=10),
+            slo=slo,
+            abort_when=abort,
+            env={},
+        )
+    s = res.summary
+    assert s["stopped_early"] == "violated"
+    assert s["sent"] < 400  # stopped well before 10 s x 60/s
+    assert s["slo"]["verdict"] == "fail"
+    assert s["sent"] == s["ok"] + s["shed"] + s["error"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "latencylab", "load", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_load_json_and_jsonl(tmp_path: Path) -> None:
+    with reference_server("--service", "constant(3ms)") as url:
+        p = _cli("--url", url, "--model", "reference", "--rate", "50", "--duration", "1", "--slo", "p99=100ms",
+                 "--json", str(tmp_path / "r.json"), "--requests-jsonl", str(tmp_path / "r.jsonl"))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "latency p99 (from intended send)" in p.stdout
+    d = json.loads((tmp_path / "r.json").read_text())
+    s = d["summary"]
+    for key in ("target_rate", "achieved_rate", "p50_ms", "p99_ms", "uncorrected_p50_ms", "uncorrected_p99_ms",
+                "lateness_p99_ms", "sent", "ok", "shed", "error", "valid"):  # fmt: skip
+        assert key in s, key
+    assert s["target_rate"] == 50.0
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert len(lines) == s["sent"]
+    assert json.loads(lines[0])["outcome"] == "ok"
+
+
+@pytest.mark.slow
+def test_cli_capacity_search_brackets_a_single_worker_server(tmp_path: Path) -> None:
+    # One worker, 10 ms per request: capacity 100/s at most; p99 <= 60 ms is met well below that.
+    with reference_server("--service", "constant(10ms)", "--serial") as url:
+        p = _cli("--url", url, "--model", "reference", "--find-capacity", "--slo", "p99=60ms", "--start-rate", "20",
+                 "--step-duration", "3", "--precision", "0.1", "--json", str(tmp_path / "c.json"))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    cap = json.loads((tmp_path / "c.json").read_text())["capacity"]
+    assert 45 <= cap["capacity_rate"] <= 100
+    assert any(not s["passed"] for s in cap["steps"]) and any(s["passed"] for s in cap["steps"])
+    assert "capacity:" in p.stdout
+
+
+def test_cli_bad_inputs(tmp_path: Path) -> None:
+    p = _cli("--url", "http://127.0.0.1:9", "--model", "m", "--rate", "5", "--duration", "1")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "cannot reach http://127.0.0.1:9" in p.stderr
+    bad = tmp_path / "t.csv"
+    bad.write_text("t_s,payload\n0.1,0\nnot-a-number,1\n")
+    with reference_server("--service", "constant(1ms)") as url:
+        p = _cli("--url", url, "--model", "nosuch", "--rate", "5", "--duration", "1")
+        assert p.returncode == 2 and p.stderr.count("\n") == 1
+        assert "does not know model 'nosuch'" in p.stderr
+        p = _cli("--url", url, "--model", "reference", "--arrivals", f"trace:{bad}")
+        assert p.returncode == 2 and p.stderr.count("\n") == 1
+        assert "t.csv" in p.stderr and "3" in p.stderr
+        p = _cli("--url", url, "--model", "reference", "--find-capacity")
+        assert p.returncode == 2 and "needs --slo" in p.stderr
+    p = _cli("--url", "ftp://x", "--model", "m")
+    assert p.returncode == 2 and "must be an http://host:port URL" in p.stderr
