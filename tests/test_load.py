@@ -16,7 +16,7 @@ from latencylab.load.payloads import fetch_metadata, infer_path, payloads_for_mo
 from latencylab.load.results import LoadResult, Slo
 from latencylab.load.runner import load_test
 from latencylab.workloads.synthetic import Distribution
-from tests.servers import drawn_service_times, reference_server
+from servers import drawn_service_times, reference_server
 
 PATH = infer_path("reference")
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,3 +142,45 @@ def test_a_second_peer_gets_its_own_ports_and_stop_reaps_it(mlserver: PeerServer
     assert http_status(second.url + "/v2/health/live", timeout_s=0.5) is None
     assert not second.workdir.exists()
     assert http_status(mlserver.url + "/v2/health/ready") == 200  # the first one is untouched
+
+
+def _load_cli(*args: str, tmp: Path) -> dict[str, Any]:
+    out = tmp / "load.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "latencylab", "load", *args, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    summary: dict[str, Any] = json.loads(out.read_text())["summary"]
+    return summary
+
+
+def test_latencylab_load_drives_mlserver_unchanged(mlserver: PeerServer, tmp_path: Path) -> None:
+    """Interop: the same generator, open and closed loop, against a second OIP implementation."""
+    s = _load_cli("--url", mlserver.url, "--model", "sleepy", "--rate", "40", "--duration", "3", tmp=tmp_path)
+    assert s["sent"] == s["ok"] > 80 and s["error"] == s["shed"] == 0
+    assert s["valid"]
+    assert s["p50_ms"] >= SLEEPY_SERVICE_MS  # the model sleeps service_ms per request
+    closed = _load_cli("--url", mlserver.url, "--model", "sleepy", "--concurrency", "2", "--max-requests", "100",
+                       tmp=tmp_path)  # fmt: skip
+    assert closed["sent"] == closed["ok"] == 100
+    assert closed["mode"] == "closed (concurrency 2)"
+    # BYTES payloads from the text corpus (real varied lengths) go through the same path
+    text = _load_cli("--url", mlserver.url, "--model", "sleepy", "--payload", "text", "--input-name", "INPUT0",
+                     "--rate", "20", "--duration", "2", tmp=tmp_path)  # fmt: skip
+    assert text["sent"] == text["ok"] > 20
+
+
+def test_latencylab_load_reports_unknown_model_on_mlserver(mlserver: PeerServer) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "latencylab", "load", "--url", mlserver.url, "--model", "nosuch", "--rate", "5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        f"latencylab load: error: the server at {mlserver.url} does not know model 'nosuch' (404 on /v2/models/nosuch)"
+    ]
