@@ -27,12 +27,13 @@ def _payloads(url: str) -> list:
 
 @pytest.mark.slow
 def test_percentiles_within_3pct_of_known_service_times() -> None:
-    dist = Distribution.parse("lognormal(40ms,0.35)")
-    with reference_server("--service", "lognormal(40ms,0.35)", "--seed", "3") as url:
-        res, _ = load_test(url, PATH, _payloads(url), Poisson(100, seed=1), LoadConfig(duration_s=14), env={})
+    # Median 80 ms: loopback + HTTP overhead (~1 ms, reconciled below) stays well inside 3%.
+    dist = Distribution.parse("lognormal(80ms,0.35)")
+    with reference_server("--service", "lognormal(80ms,0.35)", "--seed", "3") as url:
+        res, _ = load_test(url, PATH, _payloads(url), Poisson(90, seed=1), LoadConfig(duration_s=14), env={})
         drawn = drawn_service_times(url)
     s = res.summary
-    assert s["valid"] and s["sent"] == s["ok"] == drawn.size >= 1200
+    assert s["valid"] and s["sent"] == s["ok"] == drawn.size >= 1100
     for q, key in ((0.5, "p50_ms"), (0.99, "p99_ms")):
         realised = np.quantile(drawn, q) / 1e6
         assert s[key] == pytest.approx(realised, rel=0.03), (key, s[key], realised)
@@ -57,7 +58,7 @@ def test_open_loop_shows_a_stall_that_closed_loop_hides() -> None:
     # Open loop: the ~50 requests due during the 1 s freeze all wait; ~12% of requests exceed 100 ms.
     assert o["p99_ms"] > 700
     assert o["p90_ms"] > 100
-    assert o["valid"]
+    assert o["valid"], o["invalid_reasons"]
     # Closed loop: the one user waits out the stall once; the other ~700 requests are fast.
     assert c["p99_ms"] < 50
     assert c["max_ms"] > 900  # the stall is there, hidden in a single sample

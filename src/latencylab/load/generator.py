@@ -30,6 +30,7 @@ error (other status, transport failure, timeout); ``sent == ok + shed + error``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import os
@@ -158,6 +159,8 @@ class _Run:
         self.stop_sending = False
         self.stop_reason = ""
         self._pending: set[asyncio.Future[None]] = set()
+        self.waiting: collections.deque[int] = collections.deque()
+        self._opening = 0
 
     def _record(self, status: int, headers: dict[str, str], body: bytes, done: int, rid: int) -> None:
         self.inflight.pop(rid, None)
@@ -174,6 +177,8 @@ class _Run:
             reason = f"HTTP {status}" if status else body.decode("utf-8", "replace")
             self.errors[reason] = self.errors.get(reason, 0) + 1
         self.completed += 1
+        if self.waiting:
+            self.send(self.waiting.popleft())
         if self.slo_ns is not None and (self.outcome[rid] != 0 or done - self.t0 - self.intended[rid] > self.slo_ns):
             self.over += 1
         if self.on_complete is not None:
@@ -193,6 +198,11 @@ class _Run:
 
     def send(self, rid: int) -> None:
         conn = self.pool.acquire_idle()
+        if conn is None and self.pool.size + self._opening >= self.cfg.max_connections:
+            # Connection cap reached: the request waits for a free connection (its lateness grows, and a
+            # run that falls behind this way is marked invalid, as a wrk-style fixed-connection client is).
+            self.waiting.append(rid)
+            return
         if conn is None:
             task = asyncio.ensure_future(self._send_on_new(rid))
             self._pending.add(task)  # keep a reference until done (the loop holds only weak ones)
@@ -209,12 +219,15 @@ class _Run:
         conn.send(self.requests[self.payload[rid]], rid, self._record)
 
     async def _send_on_new(self, rid: int) -> None:
+        self._opening += 1
         try:
             conn = await self.pool.open()
         except ConnectionError as exc:
+            self._opening -= 1
             self.sent[rid] = time.perf_counter_ns() - self.t0
             self._record(0, {}, str(exc).encode(), time.perf_counter_ns(), rid)
             return
+        self._opening -= 1
         self._write(conn, rid)
 
     async def watchdog(self, abort_when: AbortFn | None) -> None:
