@@ -179,3 +179,23 @@ def test_cli_bad_inputs(tmp_path: Path) -> None:
         assert p.returncode == 2 and "needs --slo" in p.stderr
     p = _cli("--url", "ftp://x", "--model", "m")
     assert p.returncode == 2 and "must be an http://host:port URL" in p.stderr
+
+
+def test_min_requests_extends_the_run() -> None:
+    with reference_server("--service", "constant(1ms)") as url:
+        res, rec = load_test(
+            url, PATH, _payloads(url), Constant(20), LoadConfig(duration_s=0.5, min_requests=30), env={}
+        )
+    assert res.summary["sent"] == 30
+    assert rec.intended_ns.max() == pytest.approx(29 / 20 * 1e9)
+
+
+def test_cli_early_stop_when_the_slo_verdict_is_decided(tmp_path: Path) -> None:
+    with reference_server("--service", "constant(1ms)") as url:
+        p = _cli("--url", url, "--model", "reference", "--rate", "300", "--duration", "20", "--slo", "p99=1s",
+                 "--early-stop", "--json", str(tmp_path / "e.json"))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    s = json.loads((tmp_path / "e.json").read_text())["summary"]
+    assert s["stopped_early"].startswith("early stop: SLO met with 99% confidence after")
+    assert 459 <= s["ok"] < 1500  # 459 requests with none over decide p99 at 99% confidence
+    assert s["slo"]["verdict"] == "pass"

@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     arr.add_argument("--concurrency", type=_positive_int, help="CLOSED loop with N users (hides stalls)")
     ld.add_argument("--duration", type=_positive_float, default=None, help="seconds of sending (default 10)")
     ld.add_argument("--max-requests", type=_positive_int, help="stop after N requests")
+    ld.add_argument("--min-requests", type=_positive_int, default=0, help="send at least N (extends the duration)")
+    ld.add_argument("--early-stop", action="store_true", help="stop once the --slo verdict is decided")
     ld.add_argument("--timeout", type=_positive_float, default=30.0, help="per-request timeout (s)")
     ld.add_argument("--connections", type=_positive_int, default=8, help="connections opened before the run")
     ld.add_argument("--payload", default="auto", help="auto (from model metadata), text (corpus), or FILE.jsonl")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,26 @@ def render_load(result: LoadResult, console: Console) -> None:
         )
 
 
+def _verdict_decided(slo: Slo, confidence: float, min_requests: int) -> Any:
+    """Abort rule for --early-stop: the SLO verdict is pass or fail (one binomial tail each)."""
+    from scipy.stats import binom
+
+    from latencylab import stats
+
+    alpha = 1.0 - confidence
+
+    def decided(completed: int, over: int) -> str:
+        if completed < max(min_requests, 1):
+            return ""
+        if stats.slo_violated(completed, over, slo.q, confidence):
+            return f"early stop: SLO violated with {confidence:.0%} confidence after {completed} requests"
+        if binom.cdf(over, completed, 1.0 - slo.q) <= alpha:
+            return f"early stop: SLO met with {confidence:.0%} confidence after {completed} requests"
+        return ""
+
+    return decided
+
+
 def run_load_command(args: argparse.Namespace, console: Console) -> int:
     from latencylab.env import fingerprint
     from latencylab.load.capacity import find_capacity
@@ -135,7 +156,9 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
         assert slo is not None
 
         def run_step(rate: float, abort_when: Any) -> LoadResult:
-            cfg = LoadConfig("open", 1, args.step_duration, None, args.timeout, args.connections, headers=headers)
+            cfg = LoadConfig(
+                duration_s=args.step_duration, timeout_s=args.timeout, connections=args.connections, headers=headers
+            )
             res, _ = load_test(
                 args.url, path, payloads, Poisson(rate, args.seed), cfg, slo, args.confidence, args.seed,
                 abort_when=abort_when, env=env, target_info=info,
@@ -179,48 +202,37 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
     arrivals: ArrivalProcess | None
     if args.concurrency:
         cfg = LoadConfig(
-            "closed",
-            args.concurrency,
-            duration,
-            args.max_requests,
-            args.timeout,
-            args.concurrency,
+            mode="closed",
+            concurrency=args.concurrency,
+            duration_s=duration,
+            max_requests=args.max_requests,
+            min_requests=args.min_requests,
+            timeout_s=args.timeout,
+            connections=args.concurrency,
             headers=headers,
         )
         arrivals = None
     else:
         arrivals = parse_arrivals(args.arrivals, args.seed) if args.arrivals else Poisson(args.rate or 10.0, args.seed)
-        cfg = LoadConfig("open", 1, duration, args.max_requests, args.timeout, args.connections, headers=headers)
-    live, update = _progress(Console(stderr=True), args.quiet)
-    if live is not None:
-        with live:
-            result, rec = load_test(
-                args.url,
-                path,
-                payloads,
-                arrivals,
-                cfg,
-                slo,
-                args.confidence,
-                args.seed,
-                update,
-                env=env,
-                target_info=info,
-            )
-    else:
-        result, rec = load_test(
-            args.url,
-            path,
-            payloads,
-            arrivals,
-            cfg,
-            slo,
-            args.confidence,
-            args.seed,
-            None,
-            env=env,
-            target_info=info,
+        cfg = LoadConfig(
+            duration_s=duration,
+            max_requests=args.max_requests,
+            min_requests=args.min_requests,
+            timeout_s=args.timeout,
+            connections=args.connections,
+            headers=headers,
         )
+    abort_when = None
+    if args.early_stop:
+        if slo is None:
+            raise LatencyLabError("--early-stop needs --slo")
+        abort_when = _verdict_decided(slo, args.confidence, args.min_requests)
+    live, update = _progress(Console(stderr=True), args.quiet)
+    with live if live is not None else contextlib.nullcontext():
+        result, rec = load_test(
+            args.url, path, payloads, arrivals, cfg, slo, args.confidence, args.seed, update,
+            abort_when=abort_when, env=env, target_info=info,
+        )  # fmt: skip
     render_load(result, console)
     if args.json:
         result.save(args.json)

@@ -67,6 +67,7 @@ class LoadConfig:
     concurrency: int = 1  # closed loop only
     duration_s: float | None = 10.0
     max_requests: int | None = None
+    min_requests: int = 0  # keep sending past duration_s until this many were sent (statistical floor)
     timeout_s: float = 30.0
     connections: int = 8  # opened before the run
     max_connections: int = 4096
@@ -79,6 +80,8 @@ class LoadConfig:
             raise LatencyLabError("give a duration or a maximum request count (runs are bounded)")
         if self.duration_s is not None and not self.duration_s > 0:
             raise LatencyLabError("duration must be > 0 s")
+        if self.min_requests < 0 or (self.max_requests is not None and self.min_requests > self.max_requests):
+            raise LatencyLabError("min requests must be >= 0 and <= max requests")
         if self.max_requests is not None and self.max_requests < 1:
             raise LatencyLabError("max requests must be >= 1")
         if self.concurrency < 1:
@@ -287,8 +290,12 @@ async def _open_loop(run: _Run, arrivals: ArrivalProcess, n_payloads: int, seed:
     counter = itertools.count()
     perf = time.perf_counter_ns
     t0 = run.t0
-    for a in arrivals.arrivals(cfg.duration_s, cfg.max_requests):
-        if run.stop_sending:
+    # With a request floor the arrival stream is open-ended and the duration is checked here instead.
+    floor = cfg.min_requests
+    end_s = cfg.duration_s if cfg.duration_s is not None else float("inf")
+    stream = arrivals.arrivals(None if floor else cfg.duration_s, cfg.max_requests or (2**62 if floor else None))
+    for a in stream:
+        if run.stop_sending or (floor and a.t_s >= end_s and len(run.intended) >= floor):
             break
         intended = t0 + round(a.t_s * 1e9)
         while True:
@@ -322,7 +329,7 @@ async def _closed_loop(run: _Run, n_payloads: int, seed: int) -> None:
         now = time.perf_counter_ns()
         if (
             run.stop_sending
-            or (end_ns is not None and now >= end_ns)
+            or (end_ns is not None and now >= end_ns and len(run.intended) >= cfg.min_requests)
             or (budget is not None and len(run.intended) >= budget)
         ):
             run.all_sent = True
