@@ -135,7 +135,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_load_json_and_jsonl(tmp_path: Path) -> None:
     with reference_server("--service", "constant(3ms)") as url:
         p = _cli("--url", url, "--model", "reference", "--rate", "50", "--duration", "1", "--slo", "p99=100ms",
-                 "--json", str(tmp_path / "r.json"), "--requests-jsonl", str(tmp_path / "r.jsonl"))  # fmt: skip
+                 "--json", str(tmp_path / "r.json"), "--requests-jsonl", str(tmp_path / "r.jsonl"),
+                 "--plot", str(tmp_path / "plots"))  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert "latency p99 (from intended send)" in p.stdout
     d = json.loads((tmp_path / "r.json").read_text())
@@ -147,6 +148,7 @@ def test_cli_load_json_and_jsonl(tmp_path: Path) -> None:
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
     assert len(lines) == s["sent"]
     assert json.loads(lines[0])["outcome"] == "ok"
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["latency_cdf.png", "latency_over_time.png"]
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -166,6 +167,15 @@ def test_capacity(tmp_path: Path) -> None:
         plots.plot_capacity(STEPS, tmp_path / "x.png", x="speed")
     with pytest.raises(LatencyLabError, match="no capacity step"):
         plots.plot_capacity([{"offered_rate": 10.0, "p99_ms": None, "passed": False}], tmp_path / "x.png")
+
+
+def test_a_saved_result_plots_the_same(result: LoadResult, tmp_path: Path) -> None:
+    loaded = LoadResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    a = plots.plot_load(result, tmp_path / "a")
+    b = plots.plot_load(loaded, tmp_path / "b")
+    for pa, pb in zip(a, b, strict=True):
+        with PIL_Image.open(pa) as ia, PIL_Image.open(pb) as ib:
+            assert np.array_equal(np.asarray(ia), np.asarray(ib)), pa.name
 
 
 def test_plot_load_writes_what_applies(result: LoadResult, tmp_path: Path) -> None:

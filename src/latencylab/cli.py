@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("--seed", type=int, default=0)
     ld.add_argument("--json", metavar="PATH", help="write the result as JSON")
     ld.add_argument("--requests-jsonl", metavar="PATH", help="write one JSON line per request")
+    ld.add_argument("--plot", metavar="DIR", help="write PNG plots (latency over time, CDF, capacity curve)")
     ld.add_argument("--quiet", action="store_true", help="no live progress")
 
     e = sub.add_parser("env", help="environment fingerprint, lint and diff")

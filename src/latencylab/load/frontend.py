@@ -186,6 +186,12 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
         rate = "none" if cap.capacity_rate is None else f"{cap.capacity_rate:.1f}/s"
         good = "-" if cap.goodput is None else f"{cap.goodput:.1f}/s"
         console.print(f"capacity: {rate} offered, goodput {good} ({cap.reason})")
+        if args.plot:
+            from latencylab.load.plots import plot_capacity
+
+            out = Path(args.plot) / "capacity.png"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            console.print(f"wrote {plot_capacity(cap.steps, out, slo.threshold_ns / 1e6)}")
         if args.json:
             doc = {
                 "schema_version": 1,
@@ -240,4 +246,9 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
     if args.requests_jsonl:
         write_requests_jsonl(args.requests_jsonl, rec)
         console.print(f"wrote {args.requests_jsonl}")
+    if args.plot:
+        from latencylab.load.plots import plot_load
+
+        for p in plot_load(result, args.plot):
+            console.print(f"wrote {p}")
     return 0

@@ -9,8 +9,10 @@ linear axis would flatten everything but the stall.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,7 +133,11 @@ def _stats_line(summary: Mapping[str, Any]) -> str:
         if summary.get("uncorrected_p99_ms") is not None:
             text += f" (uncorrected {_fmt_ms(summary['uncorrected_p99_ms'])} ms)"
         parts.append(text)
-    counts = [f"{summary[k]:,} {word}" for k, word in (("sent", "sent"), ("shed", "shed"), ("error", "failed")) if summary.get(k)]
+    counts = [
+        f"{summary[k]:,} {word}"
+        for k, word in (("sent", "sent"), ("shed", "shed"), ("error", "failed"))
+        if summary.get(k)
+    ]
     if counts:
         parts.append(", ".join(counts))
     return "; ".join(parts)
@@ -144,9 +150,7 @@ def _num(v: Any) -> float:
 # -- latency over time ---------------------------------------------------------------------
 
 
-def plot_latency_over_time(
-    result: LoadResult, path: str | Path, slo_ms: float | None = None, dpi: int = DPI
-) -> Path:
+def plot_latency_over_time(result: LoadResult, path: str | Path, slo_ms: float | None = None, dpi: int = DPI) -> Path:
     """Per-second p50 and p99 latency (from the intended send time) on a log axis, with shed and
     failed requests per second as bars on a second axis when there are any, and the SLO threshold
     (``slo_ms``, else the run's own objective) as a horizontal line."""
@@ -154,7 +158,7 @@ def plot_latency_over_time(
     if not timeline:
         raise LatencyLabError("the run has no timeline to plot (no request was sent)")
     t = [float(b["t_s"]) for b in timeline]
-    bucket = min((b - a for a, b in zip(t, t[1:], strict=False)), default=1.0) or 1.0
+    bucket = min((b - a for a, b in itertools.pairwise(t)), default=1.0) or 1.0
     x = [v + bucket / 2 for v in t]  # each value describes a whole bucket: draw it at the centre
     p50 = [_num(b.get("p50_ms")) for b in timeline]
     p99 = [_num(b.get("p99_ms")) for b in timeline]
@@ -318,7 +322,7 @@ def _annotate_tail(tail: Axes, c99: float, u99: float) -> None:
     """
     tail.axhline(0.01, color="0.5", lw=0.8, ls=":")
     same = not math.isnan(u99) and _fmt_ms(u99) == _fmt_ms(c99)
-    label = {"textcoords": "offset points", "fontsize": 9.5, "fontweight": "bold"}
+    label: dict[str, Any] = {"textcoords": "offset points", "fontsize": 9.5, "fontweight": "bold"}
     tail.plot([c99], [0.01], "o", color=_CORRECTED, ms=7, zorder=5)
     tail.annotate(
         f"p99 {_fmt_ms(c99)} ms" + (" (both)" if same else ""), (c99, 0.01), xytext=(6, 6), color=_CORRECTED, **label
@@ -326,9 +330,7 @@ def _annotate_tail(tail: Axes, c99: float, u99: float) -> None:
     if same or math.isnan(u99):
         return
     tail.plot([u99], [0.01], "o", color=_UNCORRECTED, ms=7, zorder=5)
-    tail.annotate(
-        f"p99 {_fmt_ms(u99)} ms", (u99, 0.01), xytext=(-6, -15), ha="right", color=_UNCORRECTED, **label
-    )
+    tail.annotate(f"p99 {_fmt_ms(u99)} ms", (u99, 0.01), xytext=(-6, -15), ha="right", color=_UNCORRECTED, **label)
     if u99 > 0 and c99 / u99 >= 1.25:
         arrow = {"arrowstyle": "<->", "color": "0.25", "lw": 1.2, "shrinkA": 4, "shrinkB": 4}
         tail.annotate("", (c99, 0.01), xytext=(u99, 0.01), arrowprops=arrow)
@@ -357,6 +359,15 @@ _X_LABELS = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    x: float
+    p50: float  # NaN: no successful request
+    p99: float
+    passed: bool
+    offered: float | None
+
+
 def plot_capacity(
     steps: Sequence[Mapping[str, Any]],
     path: str | Path,
@@ -369,27 +380,35 @@ def plot_capacity(
     step marked. ``x`` picks the throughput measure (a key of the steps, offered rate as fallback)."""
     if x not in _X_LABELS:
         raise LatencyLabError(f"unknown x {x!r}: one of {', '.join(_X_LABELS)}")
-    pts = []
+    pts: list[_Step] = []
     for s in steps:
         rate = s.get(x) if s.get(x) is not None else s.get("offered_rate")
-        if rate is None:
-            continue
-        pts.append((float(rate), _num(s.get("p50_ms")), _num(s.get("p99_ms")), bool(s.get("passed")), s))
-    pts.sort(key=lambda p: p[0])  # the search runs out of order (bracket, then bisect)
-    if not any(not math.isnan(p[2]) for p in pts):
+        if rate is not None:
+            offered = s.get("offered_rate")
+            pts.append(
+                _Step(
+                    float(rate),
+                    _num(s.get("p50_ms")),
+                    _num(s.get("p99_ms")),
+                    bool(s.get("passed")),
+                    None if offered is None else float(offered),
+                )
+            )
+    pts.sort(key=lambda p: p.x)  # the search runs out of order (bracket, then bisect)
+    if all(math.isnan(p.p99) for p in pts):
         raise LatencyLabError("no capacity step has a latency to plot")
 
     fig, (ax,) = _new_figure()
     from matplotlib.lines import Line2D
 
-    for idx, color, marker in ((1, _P50, "o"), (2, _P99, "s")):
-        ok = [p for p in pts if not math.isnan(p[idx])]
-        ax.plot([p[0] for p in ok], [p[idx] for p in ok], color=color, lw=1.4, alpha=0.8)
+    for attr, color, marker in (("p50", _P50, "o"), ("p99", _P99, "s")):
+        drawn = [(p.x, float(getattr(p, attr)), p.passed) for p in pts if not math.isnan(getattr(p, attr))]
+        ax.plot([d[0] for d in drawn], [d[1] for d in drawn], color=color, lw=1.4, alpha=0.8)
         for passed in (True, False):
-            sel = [p for p in ok if p[3] is passed]
+            sel = [d for d in drawn if d[2] is passed]
             ax.scatter(
-                [p[0] for p in sel],
-                [p[idx] for p in sel],
+                [d[0] for d in sel],
+                [d[1] for d in sel],
                 s=55,
                 marker=marker,
                 facecolors=color if passed else "white",
@@ -403,34 +422,34 @@ def plot_capacity(
         Line2D([], [], color="0.3", marker="o", ls="", markersize=8, label="step passed"),
         Line2D([], [], color="0.3", marker="o", ls="", markersize=8, markerfacecolor="white", label="step failed"),
     ]
-    finite = [v for p in pts for v in (p[1], p[2]) if not math.isnan(v) and v > 0]
+    finite = [v for p in pts for v in (p.p50, p.p99) if not math.isnan(v) and v > 0]
     if slo_ms is not None:
         handles.insert(2, ax.axhline(slo_ms, color=_SLO, ls="--", lw=1.3, label=f"SLO {slo_ms:g} ms"))
         finite.append(slo_ms)
-    passing = [p for p in pts if p[3]]
-    if passing:
-        best = max(passing, key=lambda p: float(p[4].get("offered_rate") or p[0]))
-        ax.axvline(best[0], color="0.35", ls=":", lw=1.2)
-        offered = best[4].get("offered_rate")
-        text = f"capacity: {_rate(offered)} offered" if offered is not None else "highest passing step"
-        ax.annotate(
-            text, (best[0], 1), xycoords=("data", "axes fraction"), xytext=(-4, -14), textcoords="offset points",
-            ha="right", fontsize=9.5, color="0.25",
-        )  # fmt: skip
     ax.set_yscale("log")
     ax.set_ylim(min(finite) / 1.6, max(finite) * 1.6)
     _log_ms_axis(ax.yaxis)
-    rates = [p[0] for p in pts]
-    pad = (max(rates) - min(rates)) * 0.06 or max(rates) * 0.1
-    ax.set_xlim(max(0.0, min(rates) - pad), max(rates) + pad)
+    xs = [p.x for p in pts]
+    pad = (max(xs) - min(xs)) * 0.06 or max(xs) * 0.1
+    x0, x1 = max(0.0, min(xs) - pad), max(xs) + pad
+    ax.set_xlim(x0, x1)
+    passing = [p for p in pts if p.passed]
+    if passing:
+        best = max(passing, key=lambda p: p.offered if p.offered is not None else p.x)
+        ax.axvline(best.x, color="0.35", ls=":", lw=1.2)
+        text = f"capacity: {_rate(best.offered)} offered" if best.offered is not None else "highest passing step"
+        right = (best.x - x0) / (x1 - x0) > 0.5  # the label on the side with room
+        ax.annotate(
+            text, (best.x, 1), xycoords=("data", "axes fraction"), xytext=(-4 if right else 4, -14),
+            textcoords="offset points", ha="right" if right else "left", fontsize=9.5, color="0.25",
+        )  # fmt: skip
     ax.set_xlabel(_X_LABELS[x])
     ax.set_ylabel("latency from intended send (ms)")
     ax.grid(True, which="major", alpha=0.35)
     ax.grid(True, which="minor", axis="y", alpha=0.12)
     ax.legend(handles=handles, loc="upper left", framealpha=0.9)
-    n_pass = len(passing)
-    sub = f"{len(pts)} steps, {n_pass} passed, {len(pts) - n_pass} failed"
-    undrawn = sum(math.isnan(p[2]) for p in pts)
+    sub = f"{len(pts)} steps, {len(passing)} passed, {len(pts) - len(passing)} failed"
+    undrawn = sum(math.isnan(p.p99) for p in pts)
     if undrawn:
         sub += f" ({undrawn} without a successful request, not drawn)"
     fig.suptitle("Capacity search: latency vs throughput", fontsize=13)
@@ -457,11 +476,11 @@ def plot_load(
         paths.append(plot_latency_over_time(result, out / "latency_over_time.png", slo_ms, dpi))
     if "corrected_ok" in result.histograms and result.histogram("corrected_ok").count:
         paths.append(plot_cdf(result, out / "latency_cdf.png", slo_ms, dpi))
-    cap_slo = _slo(result.summary, slo_ms)
+    cap_slo_ms = slo[0] if (slo := _slo(result.summary, slo_ms)) else None
     if capacity_steps is None and result.capacity is not None:
         capacity_steps = result.capacity.get("steps")
-        if slo_ms is None and result.capacity.get("slo"):
-            cap_slo = (objective_threshold_ms(str(result.capacity["slo"])), "")
+        if slo_ms is None and result.capacity.get("slo"):  # the search's own objective
+            cap_slo_ms = objective_threshold_ms(str(result.capacity["slo"]))
     if capacity_steps and any(s.get("p99_ms") is not None for s in capacity_steps):
-        paths.append(plot_capacity(capacity_steps, out / "capacity.png", cap_slo[0] if cap_slo else None, dpi=dpi))
+        paths.append(plot_capacity(capacity_steps, out / "capacity.png", cap_slo_ms, dpi=dpi))
     return paths
