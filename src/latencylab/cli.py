@@ -132,6 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("--plot", metavar="DIR", help="write PNG plots (latency over time, CDF, capacity curve)")
     ld.add_argument("--quiet", action="store_true", help="no live progress")
 
+    sv = sub.add_parser("serve", help="Open Inference Protocol server with batching and an SLO ladder")
+    sv.add_argument("--config", help="TOML model repository config (see docs/serve.md)")
+    sv.add_argument("--model", choices=["text", "vision"], help="serve one built-in model with its default ladder")
+    sv.add_argument("--host", help="bind address (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")
+    sv.add_argument("--slo-ms", type=_positive_float, help="P99 objective of the guard (default 100)")
+    sv.add_argument("--max-batch-size", type=_positive_int)
+    sv.add_argument("--max-queue-delay-ms", type=_positive_float)
+    sv.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
+    sv.add_argument("--token-env", help="require a bearer token: the name of the env var holding it")
+
     e = sub.add_parser("env", help="environment fingerprint, lint and diff")
     e.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the fingerprint as JSON (- = stdout)")
     e.add_argument("--diff", nargs=2, metavar=("A", "B"), help="differences that change latency (env or result files)")
@@ -261,7 +272,13 @@ def cmd_load(args: argparse.Namespace) -> int:
     return run_load_command(args, _stdout_console())
 
 
-COMMANDS: dict[str, Any] = {"profile": cmd_profile, "env": cmd_env, "load": cmd_load}
+def cmd_serve(args: argparse.Namespace) -> int:
+    from latencylab.serve.frontend import run_serve_command
+
+    return run_serve_command(args)
+
+
+COMMANDS: dict[str, Any] = {"profile": cmd_profile, "env": cmd_env, "load": cmd_load, "serve": cmd_serve}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,294 @@
+"""The HTTP layer: Open Inference Protocol (KServe v2) routes on Starlette, served by uvicorn.
+
+Routes: GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{m}[/versions/{v}][/ready],
+POST /v2/models/{m}[/versions/{v}]/infer, GET /metrics. A model's versions are its ladder's
+variants: ``/versions/int8/infer`` pins a variant (bypassing the guard), plain ``/infer`` follows
+the ladder. Errors are ``{"error": "..."}`` with a 4xx/5xx status; overload is 503 + Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from latencylab.serve import protocol
+from latencylab.serve.batcher import retry_after_header
+from latencylab.serve.config import ServerConfig
+from latencylab.serve.metrics import ServerMetrics
+from latencylab.serve.service import ModelService, ServiceError, Timing
+from latencylab.serve.tracing import RequestTracer
+from latencylab.serve.types import ProtocolError, Variant
+
+log = logging.getLogger("latencylab.serve")
+JSON = "application/json"
+
+
+def _error(status: int, message: str, retry_after_s: float | None = None) -> Response:
+    headers = {"Retry-After": retry_after_header(retry_after_s)} if retry_after_s is not None else None
+    return Response(protocol.error_body(message), status_code=status, media_type=JSON, headers=headers)
+
+
+@dataclass
+class ServerState:
+    cfg: ServerConfig
+    services: dict[str, ModelService]
+    metrics: ServerMetrics
+    tracer: RequestTracer
+    token: str | None
+    ready: bool = False
+
+
+def _authorised(state: ServerState, request: Request) -> bool:
+    if state.token is None:
+        return True
+    got = request.headers.get("authorization", "")
+    return hmac.compare_digest(got.encode(), f"Bearer {state.token}".encode())
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ProtocolError(f"request body of {length} bytes exceeds the limit of {limit}", 413)
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ProtocolError(f"request body exceeds the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def build_app(state: ServerState) -> Starlette:
+    def service_for(request: Request) -> tuple[ModelService, str | None]:
+        name = request.path_params["model"]
+        svc = state.services.get(name)
+        if svc is None:
+            raise ProtocolError(f"unknown model {name!r}; this server has {', '.join(sorted(state.services))}", 404)
+        version = request.path_params.get("version")
+        if version is not None and version not in svc.ladder:
+            raise ProtocolError(f"model {name!r} has no version {version!r}; versions: {', '.join(svc.ladder)}", 404)
+        return svc, version
+
+    async def live(request: Request) -> Response:
+        return Response(b'{"live":true}', media_type=JSON)
+
+    async def ready(request: Request) -> Response:
+        return Response(
+            b'{"ready":%s}' % (b"true" if state.ready else b"false"), 200 if state.ready else 503, media_type=JSON
+        )
+
+    async def server_meta(request: Request) -> Response:
+        import json
+
+        return Response(json.dumps(protocol.server_metadata(["latencylab-ladder"])), media_type=JSON)
+
+    async def model_meta(request: Request) -> Response:
+        import json
+
+        if not _authorised(state, request):
+            return _error(401, "missing or wrong bearer token")
+        try:
+            svc, _ = service_for(request)
+        except ProtocolError as exc:
+            return _error(exc.status, str(exc))
+        meta = protocol.model_metadata(svc.name, svc.ladder, "latencylab", svc.inputs, svc.outputs)
+        return Response(json.dumps(meta), media_type=JSON)
+
+    async def model_ready(request: Request) -> Response:
+        if not _authorised(state, request):
+            return _error(401, "missing or wrong bearer token")
+        try:
+            service_for(request)
+        except ProtocolError as exc:
+            return _error(exc.status, str(exc))
+        return Response(
+            b'{"ready":%s}' % (b"true" if state.ready else b"false"), 200 if state.ready else 503, media_type=JSON
+        )
+
+    async def infer(request: Request) -> Response:
+        start = time.perf_counter_ns()
+        epoch0 = time.time_ns()
+        timing = Timing(start)
+        if not _authorised(state, request):
+            return _error(401, "missing or wrong bearer token")
+        model = request.path_params.get("model", "?")
+        try:
+            svc, version = service_for(request)
+            body = await _read_body(request, state.cfg.max_body_bytes)
+            req = protocol.parse_infer_request(body, svc.name, version, svc.inputs)
+            protocol.check_requested_outputs(req.outputs, svc.outputs)
+            timing.parsed = time.perf_counter_ns()
+            pinned = svc.ladder.index(version) if version is not None and version != "cache" else None
+            resp, params = await svc.infer(req, timing, pinned)
+            payload = protocol.encode_infer_response(resp, req.outputs)
+        except ProtocolError as exc:
+            if model in state.services:
+                state.metrics.errors.labels(model, "bad_input").inc()
+            return _error(exc.status, str(exc))
+        except ServiceError as exc:
+            state.metrics.errors.labels(model, exc.kind or "other").inc() if exc.kind != "shed" else None
+            state.metrics.requests.labels(model, "-", str(exc.status)).inc()
+            return _error(exc.status, str(exc), exc.retry_after_s)
+        end = time.perf_counter_ns()
+        o = timing.outcome
+        stages: list[tuple[str, float]] = [("request", (end - start) / 1e9)]
+        if o is not None:
+            stages += [
+                ("preprocess", (timing.preprocessed - timing.parsed) / 1e9),
+                ("queue", o.queue_s),
+                ("batch", o.batch_s),
+                ("compute", o.compute_s),
+                ("postprocess", o.postprocess_s),
+            ]
+        state.metrics.observe_stages(svc.name, stages)
+        state.metrics.requests.labels(svc.name, str(params.get("producer")), "200").inc()
+        if state.tracer.enabled:
+            _trace(state, request, epoch0, start, timing, end, params)
+        return Response(payload, media_type=JSON)
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    routes = [
+        Route("/v2/health/live", live),
+        Route("/v2/health/ready", ready),
+        Route("/v2", server_meta),
+        Route("/v2/models/{model}", model_meta),
+        Route("/v2/models/{model}/versions/{version}", model_meta),
+        Route("/v2/models/{model}/ready", model_ready),
+        Route("/v2/models/{model}/versions/{version}/ready", model_ready),
+        Route("/v2/models/{model}/infer", infer, methods=["POST"]),
+        Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
+        Route("/metrics", metrics),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        return _error(code, f"no route {request.method} {request.url.path}")
+
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+
+
+def _trace(
+    state: ServerState, request: Request, epoch0: int, start: int, t: Timing, end: int, params: dict[str, Any]
+) -> None:
+    def ep(ns: int) -> int:
+        return epoch0 + (ns - start)
+
+    spans = [("receive", ep(start), ep(t.parsed or start))]
+    o = t.outcome
+    if o is not None and t.preprocessed:
+        q0 = t.preprocessed
+        q1 = q0 + int(o.queue_s * 1e9)
+        b1 = q1 + int(o.batch_s * 1e9)
+        c1 = b1 + int(o.compute_s * 1e9)
+        p1 = c1 + int(o.postprocess_s * 1e9)
+        spans += [
+            ("preprocess", ep(t.parsed), ep(q0)),
+            ("queue", ep(q0), ep(q1)),
+            ("batch", ep(q1), ep(b1)),
+            ("compute", ep(b1), ep(c1)),
+            ("postprocess", ep(c1), ep(p1)),
+            ("send", ep(p1), ep(end)),
+        ]
+    attrs = {f"latencylab.{k}": v for k, v in params.items() if isinstance(v, str | int | float | bool)}
+    state.tracer.emit(dict(request.headers), ep(start), ep(end), spans, attrs)
+
+
+def build_state(
+    cfg: ServerConfig,
+    variants_by_model: dict[str, Sequence[Variant]],
+    tracer_provider: Any = None,
+    preprocess_threads: int = 2,
+) -> ServerState:
+    """Services with warmed batchers for every model in ``cfg`` (blocking: runs the warm-up)."""
+    from latencylab.serve.guard import webhook_notifier
+
+    metrics = ServerMetrics({m.name: m.slo_ms / 1e3 for m in cfg.models})
+    pool = concurrent.futures.ThreadPoolExecutor(preprocess_threads, thread_name_prefix="preprocess")
+    hook = webhook_notifier(cfg.webhook) if cfg.webhook else None
+    services = {}
+    for m in cfg.models:
+        svc = ModelService(m, variants_by_model[m.name], metrics, pool, hook)
+        svc.warmup()
+        metrics.ladder_level.labels(m.name).set(0)
+        metrics.alarm.labels(m.name).set(0)
+        services[m.name] = svc
+    token = os.environ.get(cfg.token_env) if cfg.token_env else None
+    if cfg.token_env and not token:
+        from latencylab.errors import LatencyLabError
+
+        raise LatencyLabError(f"token_env {cfg.token_env!r} is set in the config but the variable is empty")
+    if tracer_provider is None and cfg.otlp_endpoint:
+        from latencylab.serve.tracing import make_tracer_provider
+
+        tracer_provider = make_tracer_provider(cfg.otlp_endpoint)
+    return ServerState(cfg, services, metrics, RequestTracer(tracer_provider), token)
+
+
+def lifespan_app(state: ServerState) -> Starlette:
+    app = build_app(state)
+
+    async def startup() -> None:
+        for svc in state.services.values():
+            await svc.start()
+        state.ready = True
+
+    async def shutdown() -> None:
+        state.ready = False
+        for svc in state.services.values():
+            await svc.stop()
+
+    app.router.on_startup.append(startup)
+    app.router.on_shutdown.append(shutdown)
+    return app
+
+
+def bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_server(state: ServerState, on_listening: Any = None) -> None:
+    """Serve until SIGTERM/SIGINT; in-flight requests are drained (uvicorn's graceful shutdown)."""
+    import uvicorn
+
+    sock = bind(state.cfg.host, state.cfg.port)
+    config = uvicorn.Config(
+        lifespan_app(state),
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=30,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+
+    async def serve() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if on_listening is not None and server.started:
+            on_listening(sock.getsockname()[1])
+        await task
+
+    asyncio.run(serve())

@@ -1,0 +1,275 @@
+"""Deadline-aware dynamic batching for one model variant.
+
+Requests wait in an earliest-deadline-first queue. A batch is released when
+it is full, when its oldest request has waited ``max_delay_s``, or when
+waiting any longer would make the earliest deadline in the queue miss: the
+release time is that deadline minus the predicted compute time of the batch
+(a per-batch-size latency model learned online from every batch run, seeded
+by warm-up). Requests whose predicted finish is past their deadline are
+refused at admission (``Shed("deadline")``) instead of timing out in the
+queue; a full queue refuses with ``Shed("queue_full")``. One batch runs at a
+time on the variant's own compute thread, so a hung variant cannot block the
+other rungs of the ladder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from latencylab.serve.types import Tensor, Variant
+
+
+class Shed(Exception):
+    """The request is refused before queueing (503 + Retry-After)."""
+
+    def __init__(self, reason: str, retry_after_s: float) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class ModelFailure(Exception):
+    """The variant raised while computing the batch this request was in (500)."""
+
+
+class DeadlineExceeded(Exception):
+    """The request's deadline passed before its batch could start (504)."""
+
+
+class LatencyModel:
+    """Predicted batch compute time (forward + postprocess) per batch size: an EWMA per size.
+
+    Sizes never seen are interpolated linearly between the nearest seen sizes
+    (and extrapolated from the largest with its per-item cost).
+    """
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.by_size: dict[int, float] = {}
+
+    def observe(self, size: int, seconds: float) -> None:
+        old = self.by_size.get(size)
+        self.by_size[size] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def predict(self, size: int) -> float:
+        if not self.by_size:
+            return 0.0
+        if size in self.by_size:
+            return self.by_size[size]
+        sizes = sorted(self.by_size)
+        lower = [s for s in sizes if s < size]
+        upper = [s for s in sizes if s > size]
+        if lower and upper:
+            a, b = lower[-1], upper[0]
+            ta, tb = self.by_size[a], self.by_size[b]
+            return ta + (tb - ta) * (size - a) / (b - a)
+        if upper:
+            return self.by_size[upper[0]]
+        top = sizes[-1]
+        return self.by_size[top] * size / top
+
+
+@dataclass(order=True, slots=True)
+class Job:
+    deadline_ns: int
+    seq: int
+    item: Any = field(compare=False)
+    enqueued_ns: int = field(compare=False)
+    future: asyncio.Future[BatchOutcome] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    outputs: tuple[Tensor, ...]
+    batch_size: int
+    reason: str  # full | timeout | deadline
+    queue_s: float  # enqueue -> batch release
+    batch_s: float  # release -> compute start (handing over to the compute thread)
+    compute_s: float  # forward
+    postprocess_s: float
+
+
+class Batcher:
+    def __init__(
+        self,
+        variant: Variant,
+        max_batch_size: int,
+        max_delay_s: float,
+        max_queue: int,
+        on_batch: Callable[[str, int, str], None] | None = None,
+        on_depth: Callable[[int], None] | None = None,
+    ) -> None:
+        self.variant = variant
+        self.max_batch = max(1, min(max_batch_size, variant.max_batch_size))
+        self.max_delay_ns = int(max_delay_s * 1e9)
+        self.max_queue = max_queue
+        self.model = LatencyModel()
+        self._heap: list[Job] = []
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"compute-{variant.name}")
+        self._busy_since: int | None = None
+        self._busy_predicted = 0.0
+        self._on_batch = on_batch
+        self._on_depth = on_depth
+        self._task: asyncio.Task[None] | None = None
+        # release this long before the last moment: timer granularity (1 ms), thread hand-over, answer
+        self.margin_ns = 3_000_000
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def warmup(self, sizes: list[int]) -> None:
+        """Run each batch size (blocking) and seed the latency model with the timings."""
+        for size in sizes:
+            if size > self.max_batch:
+                continue
+            t0 = time.perf_counter()
+            self.variant.warmup([size])
+            # warmup runs forward at least twice; charge the mean of the runs, roughly
+            self.model.observe(size, (time.perf_counter() - t0) / 2)
+
+    def predicted_finish_ns(self, now: int) -> int:
+        """When a request admitted now would be answered, if batches run back to back."""
+        n_ahead = len(self._heap)
+        remaining = 0.0
+        if self._busy_since is not None:
+            elapsed = (now - self._busy_since) / 1e9
+            # a batch running past its prediction is assumed to need as long again (a stall signal)
+            remaining = self._busy_predicted - elapsed if elapsed < self._busy_predicted else elapsed
+        full_batches = n_ahead // self.max_batch
+        own = n_ahead % self.max_batch + 1
+        seconds = remaining + full_batches * self.model.predict(self.max_batch) + self.model.predict(own)
+        return now + int(seconds * 1e9)
+
+    def admit(self, deadline_ns: int, now: int) -> None:
+        """Raise Shed if the request cannot be queued or cannot make its deadline."""
+        if len(self._heap) >= self.max_queue:
+            raise Shed("queue_full", max(0.1, self.model.predict(self.max_batch) * len(self._heap) / self.max_batch))
+        finish = self.predicted_finish_ns(now)
+        if finish > deadline_ns:
+            raise Shed("deadline", max(0.1, (finish - now) / 1e9))
+
+    def submit(self, item: Any, deadline_ns: int) -> asyncio.Future[BatchOutcome]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[BatchOutcome] = loop.create_future()
+        heapq.heappush(self._heap, Job(deadline_ns, next(self._seq), item, time.perf_counter_ns(), fut))
+        if self._on_depth is not None:
+            self._on_depth(len(self._heap))
+        self._wake.set()
+        return fut
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.variant.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for job in self._heap:
+            if not job.future.done():
+                job.future.set_exception(Shed("shutting_down", 1.0))
+        self._heap.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _release_at(self, now: int) -> tuple[int, str]:
+        """(when to release the next batch, why)."""
+        if len(self._heap) >= self.max_batch:
+            return now, "full"
+        oldest = min(j.enqueued_ns for j in self._heap)
+        timeout_at = oldest + self.max_delay_ns
+        earliest = self._heap[0].deadline_ns
+        predicted = self.model.predict(len(self._heap))
+        deadline_at = earliest - int(predicted * 1e9) - self.margin_ns
+        if deadline_at < timeout_at:
+            return deadline_at, "deadline"
+        return timeout_at, "timeout"
+
+    def _take(self) -> list[Job]:
+        jobs = []
+        while self._heap and len(jobs) < self.max_batch:
+            jobs.append(heapq.heappop(self._heap))
+        if self._on_depth is not None:
+            self._on_depth(len(self._heap))
+        return jobs
+
+    def _compute(self, items: list[Any]) -> tuple[list[tuple[Tensor, ...]], float, float, int]:
+        t_start = time.perf_counter_ns()
+        raw = self.variant.forward(items)
+        t_fwd = time.perf_counter_ns()
+        outs = self.variant.postprocess(raw, len(items))
+        t_end = time.perf_counter_ns()
+        return outs, (t_fwd - t_start) / 1e9, (t_end - t_fwd) / 1e9, t_start
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._heap:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            now = time.perf_counter_ns()
+            release_at, reason = self._release_at(now)
+            if release_at > now:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), (release_at - now) / 1e9)
+                    continue  # something arrived: re-plan (the batch may now be full)
+                except TimeoutError:
+                    pass
+            jobs = self._take()
+            released = time.perf_counter_ns()
+            live = []
+            for job in jobs:
+                if job.future.done():  # the client went away or timed out
+                    continue
+                if job.deadline_ns < released:
+                    job.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+                    continue
+                live.append(job)
+            if not live:
+                continue
+            self._busy_since = released
+            self._busy_predicted = self.model.predict(len(live))
+            try:
+                outs, fwd_s, post_s, t_start = await loop.run_in_executor(
+                    self._executor, self._compute, [j.item for j in live]
+                )
+            except Exception as exc:  # the model raised: fail this batch, keep serving
+                for job in live:
+                    if not job.future.done():
+                        job.future.set_exception(ModelFailure(f"{type(exc).__name__}: {exc}"))
+                self._busy_since = None
+                continue
+            self._busy_since = None
+            self.model.observe(len(live), fwd_s + post_s)
+            if self._on_batch is not None:
+                self._on_batch(self.variant.name, len(live), reason)
+            for job, out in zip(live, outs, strict=True):
+                if not job.future.done():
+                    job.future.set_result(
+                        BatchOutcome(
+                            outputs=out,
+                            batch_size=len(live),
+                            reason=reason,
+                            queue_s=(released - job.enqueued_ns) / 1e9,
+                            batch_s=(t_start - released) / 1e9,
+                            compute_s=fwd_s,
+                            postprocess_s=post_s,
+                        )
+                    )
+
+
+def retry_after_header(seconds: float) -> str:
+    """Retry-After takes whole seconds (at least 1)."""
+    return str(max(1, math.ceil(seconds)))

@@ -1,0 +1,145 @@
+"""The server's model repository config: a small TOML file listing models, their ladder and limits.
+
+Example (``serve.toml``)::
+
+    [server]
+    host = "127.0.0.1"          # never 0.0.0.0 unless you mean it
+    port = 8000
+    max_body_bytes = 4194304
+    token_env = "LATENCYLAB_TOKEN"   # optional: require "Authorization: Bearer <value of this env var>"
+    webhook = "http://127.0.0.1:9000/alarm"   # optional: alarms are POSTed here as JSON
+    otlp_endpoint = "http://127.0.0.1:4318/v1/traces"  # optional: OTLP/HTTP trace export
+
+    [[models]]
+    name = "text"               # built-in: text (MiniLM) or vision (digits CNN)
+    ladder = ["fp32", "minilm-l3", "int8", "cache"]   # primary -> lighter -> quantised -> cached answer + alarm
+    slo_ms = 100                # P99 objective the guard holds (quantile below)
+    quantile = 0.99
+    max_batch_size = 8
+    max_queue_delay_ms = 4      # longest a request waits for its batch to fill
+    max_queue = 256             # beyond this, requests are shed with 503 + Retry-After
+    default_deadline_ms = 30000 # deadline of requests that do not state one
+    cache_ttl_s = 60
+    cache_entries = 10000
+    [models.guard]              # optional overrides of GuardConfig
+    window_s = 10
+    dwell_s = 5
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from latencylab.errors import LatencyLabError
+
+KNOWN_MODELS = ("text", "vision")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    ladder: tuple[str, ...]
+    slo_ms: float = 100.0
+    quantile: float = 0.99
+    max_batch_size: int = 8
+    max_queue_delay_ms: float = 4.0
+    max_queue: int = 256
+    default_deadline_ms: float = 30_000.0
+    cache_ttl_s: float = 60.0
+    cache_entries: int = 10_000
+    guard: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in KNOWN_MODELS:
+            raise LatencyLabError(f"model {self.name!r}: unknown; built-in models are {', '.join(KNOWN_MODELS)}")
+        if not self.ladder or self.ladder[0] == "cache":
+            raise LatencyLabError(f"model {self.name!r}: the ladder must start with a model variant")
+        if "cache" in self.ladder[:-1]:
+            raise LatencyLabError(f"model {self.name!r}: 'cache' can only be the last rung of the ladder")
+        if len(set(self.ladder)) != len(self.ladder):
+            raise LatencyLabError(f"model {self.name!r}: a ladder rung appears twice")
+        for key in ("slo_ms", "max_queue_delay_ms", "default_deadline_ms", "cache_ttl_s"):
+            if not getattr(self, key) > 0:
+                raise LatencyLabError(f"model {self.name!r}: {key} must be > 0")
+        for key in ("max_batch_size", "max_queue", "cache_entries"):
+            if getattr(self, key) < 1:
+                raise LatencyLabError(f"model {self.name!r}: {key} must be >= 1")
+        if not 0 < self.quantile < 1:
+            raise LatencyLabError(f"model {self.name!r}: quantile must be a fraction, e.g. 0.99")
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(r for r in self.ladder if r != "cache")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    models: tuple[ModelConfig, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 4 * 1024 * 1024
+    token_env: str | None = None
+    webhook: str | None = None
+    otlp_endpoint: str | None = None
+    device: str = "cpu"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise LatencyLabError("the config serves no model")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise LatencyLabError("a model is listed twice")
+        if not 0 <= self.port < 65536:
+            raise LatencyLabError(f"port {self.port} is out of range")
+        if self.max_body_bytes < 1024:
+            raise LatencyLabError("max_body_bytes must be >= 1024")
+
+
+def _build(cls: Any, data: dict[str, Any], where: str) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise LatencyLabError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise LatencyLabError(f"{where}: {exc}") from exc
+
+
+def parse_config(data: dict[str, Any], where: str = "config") -> ServerConfig:
+    server = dict(data.get("server", {}))
+    models = []
+    for i, m in enumerate(data.get("models", [])):
+        m = dict(m)
+        if "ladder" in m:
+            m["ladder"] = tuple(m["ladder"])
+        models.append(_build(ModelConfig, m, f"{where}: models[{i}]"))
+    extra = set(data) - {"server", "models"}
+    if extra:
+        raise LatencyLabError(f"{where}: unknown section(s) {sorted(extra)}; use [server] and [[models]]")
+    return _build(ServerConfig, {**server, "models": tuple(models)}, f"{where}: [server]")
+
+
+def load_config(path: str | Path) -> ServerConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise LatencyLabError(f"{p}: no such config file")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise LatencyLabError(f"{p}: not valid TOML ({exc})") from exc
+    return parse_config(data, str(p))
+
+
+def default_config(model: str = "text", **overrides: Any) -> ServerConfig:
+    """The built-in config for one model with its full ladder (used by ``latencylab serve --model``)."""
+    ladders = {"text": ("fp32", "minilm-l3", "int8", "cache"), "vision": ("fp32", "res32", "int8", "cache")}
+    if model not in ladders:
+        raise LatencyLabError(f"unknown model {model!r}; built-in models are {', '.join(KNOWN_MODELS)}")
+    server = {k: v for k, v in overrides.items() if k in {f.name for f in fields(ServerConfig)}}
+    mcfg = {k: v for k, v in overrides.items() if k in {f.name for f in fields(ModelConfig)}}
+    return ServerConfig(models=(ModelConfig(name=model, ladder=ladders[model], **mcfg),), **server)

@@ -1,0 +1,65 @@
+"""``latencylab serve``: build the config from a file or flags, load and warm the variants, serve."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from latencylab.errors import LatencyLabError
+from latencylab.serve.config import ServerConfig, default_config, load_config
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    if args.config and args.model:
+        raise LatencyLabError("give either --config or --model, not both")
+    model_over = {
+        k: v
+        for k, v in {
+            "slo_ms": args.slo_ms,
+            "max_batch_size": args.max_batch_size,
+            "max_queue_delay_ms": args.max_queue_delay_ms,
+        }.items()
+        if v is not None
+    }
+    server_over = {
+        k: v
+        for k, v in {"host": args.host, "port": args.port, "token_env": args.token_env, "threads": args.threads}.items()
+        if v is not None
+    }
+    if args.config:
+        cfg = load_config(args.config)
+        if model_over:
+            cfg = dataclasses.replace(cfg, models=tuple(dataclasses.replace(m, **model_over) for m in cfg.models))
+        return dataclasses.replace(cfg, **server_over)
+    return default_config(args.model or "text", **model_over, **server_over)
+
+
+def run_serve_command(args: argparse.Namespace) -> int:
+    from latencylab.serve.app import build_state, run_server
+    from latencylab.serve.variants import build_variants
+
+    cfg = config_from_args(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if cfg.threads is not None:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    variants = {m.name: build_variants(m.name, m.variants, m.max_batch_size, cfg.device) for m in cfg.models}
+    state = build_state(cfg, variants)
+
+    def listening(port: int) -> None:
+        print(f"listening http://{cfg.host}:{port}", flush=True)
+        for m in cfg.models:
+            print(
+                f"  model {m.name}: ladder {' -> '.join(m.ladder)}, SLO p{m.quantile * 100:g} <= {m.slo_ms:g} ms",
+                flush=True,
+            )
+
+    try:
+        run_server(state, listening)
+    except OSError as exc:
+        raise LatencyLabError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from exc
+    print("server stopped", file=sys.stderr)
+    return 0

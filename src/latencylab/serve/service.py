@@ -1,0 +1,202 @@
+"""One served model: its ladder of variants (each with a batcher), the SLO guard, the result cache.
+
+``ModelService.infer`` is the whole request path after HTTP parsing:
+route (guard) -> cache rung or admission -> preprocess (thread pool, overlapping the running batch)
+-> deadline-aware batch -> response, with every stage timed for metrics, traces and the guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from latencylab.serve.batcher import Batcher, BatchOutcome, DeadlineExceeded, ModelFailure, Shed
+from latencylab.serve.cache import ResultCache
+from latencylab.serve.config import ModelConfig
+from latencylab.serve.guard import Alarm, GuardConfig, SloGuard
+from latencylab.serve.metrics import ServerMetrics
+from latencylab.serve.types import InferRequest, InferResponse, ProtocolError, TensorSpec, Variant
+
+log = logging.getLogger("latencylab.serve")
+
+
+class ServiceError(Exception):
+    """An answer other than 200: ``status``, message, optional Retry-After seconds."""
+
+    def __init__(self, status: int, message: str, retry_after_s: float | None = None, kind: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.kind = kind
+
+
+@dataclass(slots=True)
+class Timing:
+    """perf_counter_ns marks of one request, filled as it goes."""
+
+    start: int
+    parsed: int = 0
+    preprocessed: int = 0
+    outcome: BatchOutcome | None = None
+    end: int = 0
+    stages: list[tuple[str, float]] = field(default_factory=list)
+
+
+class ModelService:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        variants: Sequence[Variant],
+        metrics: ServerMetrics,
+        preprocess_pool: concurrent.futures.Executor,
+        on_alarm: Any = None,
+    ) -> None:
+        if [v.name for v in variants] != list(cfg.variants):
+            raise ValueError("variants must follow the ladder order")
+        self.cfg = cfg
+        self.name = cfg.name
+        self.variants = list(variants)
+        self.ladder = list(cfg.ladder)
+        self.metrics = metrics
+        self.pool = preprocess_pool
+        self.cache = ResultCache(cfg.cache_entries, cfg.cache_ttl_s)
+        guard_cfg = GuardConfig(slo_ms=cfg.slo_ms, q=cfg.quantile, **cfg.guard)
+        self.guard = SloGuard(self.ladder, guard_cfg, on_alarm=self._alarm(on_alarm))
+        self.batchers: list[Batcher] = []
+        self.in_flight = 0
+        self._eval_task: asyncio.Task[None] | None = None
+
+    def _alarm(self, hook: Any) -> Any:
+        def on_alarm(alarm: Alarm) -> None:
+            self.metrics.alarm.labels(self.name).set(1 if alarm.active else 0)
+            if hook is not None:
+                hook(alarm)
+
+        return on_alarm
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self.variants[0].inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self.variants[0].outputs
+
+    def warmup(self) -> None:
+        """Build batchers and run every batch-size bucket once per variant (before serving)."""
+        sizes = sorted({1, 2, 4, self.cfg.max_batch_size} | {s for s in (8,) if s <= self.cfg.max_batch_size})
+        for v in self.variants:
+            b = Batcher(
+                v,
+                self.cfg.max_batch_size,
+                self.cfg.max_queue_delay_ms / 1e3,
+                self.cfg.max_queue,
+                on_batch=self._on_batch,
+                on_depth=self._on_depth,
+            )
+            t0 = time.perf_counter()
+            b.warmup([s for s in sizes if s <= b.max_batch])
+            log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, time.perf_counter() - t0, b.model.by_size)
+            self.batchers.append(b)
+
+    def _on_batch(self, variant: str, size: int, reason: str) -> None:
+        self.metrics.batches.labels(self.name, variant, reason).inc()
+        self.metrics.batch_size.labels(self.name, variant).observe(size)
+
+    def _on_depth(self, _depth: int) -> None:
+        self.metrics.queue_depth.labels(self.name).set(sum(len(b) for b in self.batchers))
+
+    async def start(self) -> None:
+        for b in self.batchers:
+            b.start()
+        self._eval_task = asyncio.get_running_loop().create_task(self._evaluate_loop())
+
+    async def stop(self) -> None:
+        if self._eval_task is not None:
+            self._eval_task.cancel()
+        for b in self.batchers:
+            await b.stop()
+
+    async def _evaluate_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            t = self.guard.evaluate()
+            if t is not None:
+                self.metrics.ladder_level.labels(self.name).set(self.guard.level)
+
+    async def infer(
+        self, request: InferRequest, timing: Timing, pinned: int | None = None
+    ) -> tuple[InferResponse, dict[str, Any]]:
+        """Serve one parsed request (at ``pinned`` level if given); raises ServiceError for anything but success."""
+        now = time.perf_counter_ns()
+        deadline_ms = request.parameters.get("deadline_ms", self.cfg.default_deadline_ms)
+        deadline_ns = timing.start + int(float(deadline_ms) * 1e6)
+        level = self.guard.route() if pinned is None else pinned
+        rung = self.ladder[level]
+        key = None
+        if rung == "cache":
+            key = self.cache.key(self.name, request)
+            hit = self.cache.get(key, allow_stale=True)
+            if hit is not None:
+                self.metrics.cache.labels(self.name, "stale" if hit.stale else "hit").inc()
+                params = {"producer": "cache", "variant": hit.variant, "stale": hit.stale, "age_s": round(hit.age_s, 3)}
+                resp = InferResponse(self.name, "cache", hit.outputs, request.id, params)
+                self._served(level, timing, "cache")
+                return resp, params
+            self.metrics.cache.labels(self.name, "miss").inc()
+            level = len(self.variants) - 1  # no cached answer: the lightest model answers
+        batcher = self.batchers[level]
+        try:
+            batcher.admit(deadline_ns, now)
+        except Shed as shed:
+            self.metrics.shed.labels(self.name, shed.reason).inc()
+            raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
+        self.in_flight += 1
+        self.metrics.in_flight.labels(self.name).set(self.in_flight)
+        try:
+            loop = asyncio.get_running_loop()
+            try:
+                item = await loop.run_in_executor(self.pool, batcher.variant.preprocess, request)
+            except ProtocolError as exc:
+                raise ServiceError(exc.status, str(exc), kind="bad_input") from None
+            timing.preprocessed = time.perf_counter_ns()
+            fut = batcher.submit(item, deadline_ns)
+            remaining = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+            try:
+                outcome = await asyncio.wait_for(asyncio.shield(fut), remaining + 0.05)
+            except TimeoutError:
+                fut.cancel()
+                self.guard.observe(level, int(float(deadline_ms) * 1e6))
+                raise ServiceError(504, f"deadline of {deadline_ms:g} ms exceeded", kind="deadline") from None
+            except DeadlineExceeded as exc:
+                self.guard.observe(level, int(float(deadline_ms) * 1e6))
+                raise ServiceError(504, str(exc), kind="deadline") from None
+            except ModelFailure as exc:
+                self.guard.observe(level, int(float(deadline_ms) * 1e6))
+                raise ServiceError(500, f"model error in {batcher.variant.name}: {exc}", kind="model") from None
+            except Shed as shed:
+                raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.labels(self.name).set(self.in_flight)
+        timing.outcome = outcome
+        variant = batcher.variant.name
+        if key is None:
+            key = self.cache.key(self.name, request)
+        self.cache.put(key, outcome.outputs, variant)
+        params = {"producer": variant, "level": level, "batch_size": outcome.batch_size, "release": outcome.reason}
+        self._served(level, timing, variant)
+        return InferResponse(self.name, variant, outcome.outputs, request.id, params), params
+
+    def _served(self, level: int, timing: Timing, producer: str) -> None:
+        latency = time.perf_counter_ns() - timing.start
+        self.guard.observe(level, latency)
+        switch = self.guard.first_served(level)
+        if switch is not None:
+            self.metrics.switch.labels(self.name, self.ladder[level]).observe(switch)
+            log.warning("%s: first response from %s %.1f ms after the switch", self.name, producer, switch * 1e3)

@@ -1,0 +1,193 @@
+"""The deadline-aware batcher with a variant whose batch cost is known (sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from latencylab.serve.batcher import Batcher, DeadlineExceeded, LatencyModel, ModelFailure, Shed
+from latencylab.serve.types import InferRequest, Tensor, TensorSpec
+
+
+class SleepVariant:
+    """forward(batch of n) sleeps base + per_item * n seconds; records the batches it saw."""
+
+    name = "sleepy"
+    kind = "primary"
+    inputs = (TensorSpec("X", "FP32", (-1,)),)
+    outputs = (TensorSpec("Y", "FP32", (-1,)),)
+
+    def __init__(self, base: float = 0.004, per_item: float = 0.001, max_batch_size: int = 8) -> None:
+        self.base, self.per_item, self.max_batch_size = base, per_item, max_batch_size
+        self.batches: list[list[Any]] = []
+        self.fail_next = False
+
+    def preprocess(self, request: InferRequest) -> Any:
+        return request
+
+    def forward(self, items: Sequence[Any]) -> Any:
+        self.batches.append(list(items))
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("boom")
+        time.sleep(self.base + self.per_item * len(items))
+        return list(items)
+
+    def postprocess(self, raw: Any, n: int) -> list[tuple[Tensor, ...]]:
+        return [
+            (Tensor("Y", "FP32", (1,), np.array([x if isinstance(x, int) else -1], dtype=np.float32)),) for x in raw
+        ]
+
+    def warmup(self, batch_sizes: Sequence[int]) -> None:
+        for n in batch_sizes:
+            for _ in range(2):
+                self.forward([0] * n)
+
+
+def ms(x: float) -> int:
+    return int(x * 1e6)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_latency_model_learns_and_interpolates() -> None:
+    m = LatencyModel(alpha=0.5)
+    assert m.predict(4) == 0.0
+    m.observe(1, 0.010)
+    m.observe(8, 0.024)
+    assert m.predict(1) == 0.010
+    assert m.predict(4) == pytest.approx(0.010 + 0.014 * 3 / 7)
+    assert m.predict(16) == pytest.approx(0.048)  # per-item cost of the largest size
+    m.observe(1, 0.020)
+    assert m.predict(1) == pytest.approx(0.015)  # EWMA
+
+
+def test_burst_fills_batches_to_the_maximum() -> None:
+    async def go() -> list[Any]:
+        v = SleepVariant()
+        b = Batcher(v, max_batch_size=4, max_delay_s=0.05, max_queue=100)
+        b.start()
+        far = time.perf_counter_ns() + ms(5000)
+        futs = [b.submit(i, far) for i in range(8)]
+        outs = await asyncio.gather(*futs)
+        await b.stop()
+        return [v.batches, outs]
+
+    batches, outs = run(go())
+    assert [len(x) for x in batches] == [4, 4]
+    assert [o.reason for o in outs] == ["full"] * 8
+    assert [float(o.outputs[0].data[0]) for o in outs] == list(range(8))
+
+
+def test_lone_request_released_after_max_delay() -> None:
+    async def go() -> tuple[Any, float]:
+        b = Batcher(SleepVariant(), max_batch_size=8, max_delay_s=0.03, max_queue=100)
+        b.start()
+        t0 = time.perf_counter()
+        out = await b.submit(1, time.perf_counter_ns() + ms(5000))
+        dt = time.perf_counter() - t0
+        await b.stop()
+        return out, dt
+
+    out, dt = run(go())
+    assert out.reason == "timeout"
+    assert out.batch_size == 1
+    assert 0.03 <= out.queue_s < 0.045
+    assert dt >= 0.035  # 30 ms wait + 5 ms compute
+
+
+def test_tight_deadline_releases_early_and_is_met() -> None:
+    async def go() -> tuple[Any, float]:
+        v = SleepVariant(base=0.005, per_item=0.0)
+        b = Batcher(v, max_batch_size=8, max_delay_s=0.2, max_queue=100)
+        b.warmup([1])  # teaches the model ~5 ms per batch
+        b.start()
+        t0 = time.perf_counter_ns()
+        deadline = t0 + ms(20)
+        out = await b.submit(1, deadline)
+        done = time.perf_counter_ns()
+        await b.stop()
+        return out, (deadline - done) / 1e6
+
+    out, slack_ms = run(go())
+    assert out.reason == "deadline"
+    assert out.queue_s < 0.019  # released ~ deadline - predicted compute - margin, not after 200 ms
+    assert slack_ms >= 0  # answered before its deadline
+
+
+def test_earliest_deadline_first() -> None:
+    async def go() -> list[Any]:
+        v = SleepVariant(base=0.02, per_item=0.0, max_batch_size=1)
+        b = Batcher(v, max_batch_size=1, max_delay_s=0.001, max_queue=100)
+        b.start()
+        now = time.perf_counter_ns()
+        first = b.submit("busy", now + ms(5000))  # occupies the compute thread for 20 ms
+        await asyncio.sleep(0.005)
+        futs = [b.submit(name, now + ms(d)) for name, d in (("late", 3000), ("soon", 500), ("mid", 1000))]
+        await asyncio.gather(first, *futs)
+        await b.stop()
+        return [x[0] for x in v.batches]
+
+    assert run(go()) == ["busy", "soon", "mid", "late"]
+
+
+def test_admission_sheds_full_queue_and_infeasible_deadline() -> None:
+    async def go() -> list[str]:
+        v = SleepVariant(base=0.05, per_item=0.0)
+        b = Batcher(v, max_batch_size=2, max_delay_s=0.001, max_queue=3)
+        b.warmup([1, 2])
+        reasons = []
+        now = time.perf_counter_ns()
+        with pytest.raises(Shed) as e1:
+            b.admit(now + ms(10), now)  # needs ~50 ms of compute
+        reasons.append(e1.value.reason)
+        for i in range(3):
+            b.submit(i, now + ms(5000))
+        with pytest.raises(Shed) as e2:
+            b.admit(now + ms(5000), now)
+        reasons.append(e2.value.reason)
+        assert e2.value.retry_after_s > 0
+        await b.stop()
+        return reasons
+
+    assert run(go()) == ["deadline", "queue_full"]
+
+
+def test_model_failure_fails_its_batch_only() -> None:
+    async def go() -> tuple[bool, float]:
+        v = SleepVariant()
+        b = Batcher(v, max_batch_size=4, max_delay_s=0.001, max_queue=100)
+        b.start()
+        v.fail_next = True
+        with pytest.raises(ModelFailure, match="RuntimeError: boom"):
+            await b.submit(1, time.perf_counter_ns() + ms(5000))
+        out = await b.submit(2, time.perf_counter_ns() + ms(5000))
+        await b.stop()
+        return True, float(out.outputs[0].data[0])
+
+    assert run(go()) == (True, 2.0)
+
+
+def test_request_past_its_deadline_in_the_queue_is_not_computed() -> None:
+    async def go() -> list[Any]:
+        v = SleepVariant(base=0.08, per_item=0.0, max_batch_size=1)
+        b = Batcher(v, max_batch_size=1, max_delay_s=0.001, max_queue=100)
+        b.start()
+        now = time.perf_counter_ns()
+        busy = b.submit("busy", now + ms(5000))
+        await asyncio.sleep(0.005)
+        doomed = b.submit("doomed", now + ms(30))  # its deadline passes while "busy" computes
+        with pytest.raises(DeadlineExceeded):
+            await doomed
+        await busy
+        await b.stop()
+        return [x[0] for x in v.batches]
+
+    assert run(go()) == ["busy"]
