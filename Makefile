@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test test-fast lint typecheck venv clean bench
+.PHONY: run test test-fast lint typecheck venv clean bench system-deps
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,7 +21,10 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/latencylab profile --workload text --min-time 10 --json results/profile-text.json
 
-test: $(STAMP)
+system-deps:
+	@bash scripts/system-deps.sh
+
+test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
