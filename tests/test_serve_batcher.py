@@ -86,9 +86,23 @@ def test_burst_fills_batches_to_the_maximum() -> None:
     assert [float(o.outputs[0].data[0]) for o in outs] == list(range(8))
 
 
-def test_lone_request_released_after_max_delay() -> None:
+def test_idle_batcher_releases_a_lone_request_at_once() -> None:
+    async def go() -> Any:
+        b = Batcher(SleepVariant(), max_batch_size=8, max_delay_s=0.03, max_queue=100)
+        b.start()
+        out = await b.submit(1, time.perf_counter_ns() + ms(5000))
+        await b.stop()
+        return out
+
+    out = run(go())
+    assert out.reason == "idle"  # nothing else is expected within 30 ms: waiting would only add latency
+    assert out.queue_s < 0.005
+
+
+def test_lone_request_released_after_max_delay_under_traffic() -> None:
     async def go() -> tuple[Any, float]:
         b = Batcher(SleepVariant(), max_batch_size=8, max_delay_s=0.03, max_queue=100)
+        b._gap_s = 0.002  # as after a stream of arrivals 2 ms apart: a batch is worth waiting for
         b.start()
         t0 = time.perf_counter()
         out = await b.submit(1, time.perf_counter_ns() + ms(5000))
@@ -107,6 +121,7 @@ def test_tight_deadline_releases_early_and_is_met() -> None:
     async def go() -> tuple[Any, float]:
         v = SleepVariant(base=0.005, per_item=0.0)
         b = Batcher(v, max_batch_size=8, max_delay_s=0.2, max_queue=100)
+        b._gap_s = 0.002  # busy traffic: without the deadline it would wait up to 200 ms
         b.warmup([1])  # teaches the model ~5 ms per batch
         b.start()
         t0 = time.perf_counter_ns()

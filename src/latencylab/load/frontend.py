@@ -14,16 +14,25 @@ from rich.table import Table
 from latencylab.errors import LatencyLabError
 from latencylab.load.arrivals import ArrivalProcess, Poisson, parse_arrivals
 from latencylab.load.generator import LoadConfig, Payload
-from latencylab.load.payloads import fetch_metadata, infer_path, payloads_for_model, text_payloads
+from latencylab.load.payloads import (
+    builtin_payloads,
+    fetch_metadata,
+    infer_path,
+    payloads_for_model,
+    text_payloads,
+    vision_payloads,
+)
 from latencylab.load.results import LoadResult, Slo, write_requests_jsonl
 
 
 def _payloads(args: argparse.Namespace, meta: dict[str, Any]) -> list[Payload]:
+    name = args.input_name or str(meta["inputs"][0]["name"])
     if args.payload == "auto":
-        return payloads_for_model(meta, n=64, seed=args.seed)
+        return builtin_payloads(meta) or payloads_for_model(meta, n=64, seed=args.seed)
     if args.payload == "text":
-        name = args.input_name or str(meta["inputs"][0]["name"])
         return text_payloads(name)
+    if args.payload == "vision":
+        return vision_payloads(name)
     path = Path(args.payload)
     if not path.is_file():
         raise LatencyLabError(f"--payload {args.payload}: not auto, text, or an existing .jsonl file")

@@ -111,3 +111,43 @@ def text_payloads(input_name: str = "TEXT", n: int | None = None) -> list[Payloa
         )
         for i, t in zip(range(k), (texts[j % len(texts)] for j in range(k)), strict=True)
     ]
+
+
+def vision_payloads(input_name: str = "IMAGE", n: int | None = None) -> list[Payload]:
+    """One request per held-out JPEG of the vision workload (base64 in a BYTES tensor)."""
+    import base64
+
+    from latencylab.workloads.vision import heldout_set
+
+    jpegs = heldout_set().jpegs
+    k = len(jpegs) if n is None else min(n, len(jpegs))
+    return [
+        Payload(
+            json.dumps(
+                {
+                    "inputs": [
+                        {
+                            "name": input_name,
+                            "datatype": "BYTES",
+                            "shape": [1],
+                            "data": [base64.b64encode(jpegs[i]).decode("ascii")],
+                        }
+                    ]
+                }
+            ).encode(),
+            f"jpeg[{i}]",
+        )
+        for i in range(k)
+    ]
+
+
+def builtin_payloads(meta: Mapping[str, Any]) -> list[Payload] | None:
+    """Real inputs for latencylab's own built-in models (text corpus, held-out JPEGs), else None."""
+    if meta.get("platform") != "latencylab":
+        return None
+    name = str(meta["inputs"][0]["name"])
+    if meta.get("name") == "text":
+        return text_payloads(name)
+    if meta.get("name") == "vision":
+        return vision_payloads(name)
+    return None

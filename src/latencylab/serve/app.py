@@ -9,13 +9,14 @@ the ladder. Errors are ``{"error": "..."}`` with a 4xx/5xx status; overload is 5
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import concurrent.futures
 import hmac
 import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +73,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def build_app(state: ServerState) -> Starlette:
+def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
     def service_for(request: Request) -> tuple[ModelService, str | None]:
         name = request.path_params["model"]
         svc = state.services.get(name)
@@ -129,7 +130,7 @@ def build_app(state: ServerState) -> Starlette:
         try:
             svc, version = service_for(request)
             body = await _read_body(request, state.cfg.max_body_bytes)
-            req = protocol.parse_infer_request(body, svc.name, version, svc.inputs)
+            req = protocol.parse_infer_request(body, svc.name, version, svc.inputs, headers=request.headers)
             protocol.check_requested_outputs(req.outputs, svc.outputs)
             timing.parsed = time.perf_counter_ns()
             pinned = svc.ladder.index(version) if version is not None and version != "cache" else None
@@ -180,7 +181,7 @@ def build_app(state: ServerState) -> Starlette:
         code = getattr(exc, "status_code", 404)
         return _error(code, f"no route {request.method} {request.url.path}")
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
 
 
 def _trace(
@@ -241,26 +242,29 @@ def build_state(
 
 
 def lifespan_app(state: ServerState) -> Starlette:
-    app = build_app(state)
+    """The app with batchers started on startup and stopped (after uvicorn drained requests) on shutdown."""
 
-    async def startup() -> None:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for svc in state.services.values():
             await svc.start()
         state.ready = True
+        try:
+            yield
+        finally:
+            state.ready = False
+            for svc in state.services.values():
+                await svc.stop()
 
-    async def shutdown() -> None:
-        state.ready = False
-        for svc in state.services.values():
-            await svc.stop()
-
-    app.router.on_startup.append(startup)
-    app.router.on_shutdown.append(shutdown)
-    return app
+    return build_app(state, lifespan)
 
 
 def bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted sockets inherit this on Linux: uvicorn writes the response head and body separately, and
+    # with Nagle on the body waits for the client's delayed ACK (~40 ms on loopback).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(2048)
     sock.set_inheritable(True)

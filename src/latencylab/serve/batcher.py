@@ -91,7 +91,7 @@ class Job:
 class BatchOutcome:
     outputs: tuple[Tensor, ...]
     batch_size: int
-    reason: str  # full | timeout | deadline
+    reason: str  # full | timeout | deadline | idle
     queue_s: float  # enqueue -> batch release
     batch_s: float  # release -> compute start (handing over to the compute thread)
     compute_s: float  # forward
@@ -118,6 +118,8 @@ class Batcher:
         self._wake = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"compute-{variant.name}")
         self._busy_since: int | None = None
+        self._last_arrival: int | None = None
+        self._gap_s = 1.0  # EWMA of the time between arrivals
         self._busy_predicted = 0.0
         self._on_batch = on_batch
         self._on_depth = on_depth
@@ -162,6 +164,10 @@ class Batcher:
     def submit(self, item: Any, deadline_ns: int) -> asyncio.Future[BatchOutcome]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[BatchOutcome] = loop.create_future()
+        now = time.perf_counter_ns()
+        if self._last_arrival is not None:
+            self._gap_s += 0.1 * ((now - self._last_arrival) / 1e9 - self._gap_s)
+        self._last_arrival = now
         heapq.heappush(self._heap, Job(deadline_ns, next(self._seq), item, time.perf_counter_ns(), fut))
         if self._on_depth is not None:
             self._on_depth(len(self._heap))
@@ -183,9 +189,15 @@ class Batcher:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _release_at(self, now: int) -> tuple[int, str]:
-        """(when to release the next batch, why)."""
+        """(when to release the next batch, why).
+
+        Work-conserving when idle: if the compute thread is free and fewer than one more arrival is
+        expected within the queue delay, waiting would only add latency, so the batch goes now ("idle").
+        """
         if len(self._heap) >= self.max_batch:
             return now, "full"
+        if self._busy_since is None and self.max_delay_ns / 1e9 < self._gap_s:
+            return now, "idle"
         oldest = min(j.enqueued_ns for j in self._heap)
         timeout_at = oldest + self.max_delay_ns
         earliest = self._heap[0].deadline_ns

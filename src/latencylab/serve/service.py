@@ -137,6 +137,7 @@ class ModelService:
         deadline_ms = request.parameters.get("deadline_ms", self.cfg.default_deadline_ms)
         deadline_ns = timing.start + int(float(deadline_ms) * 1e6)
         level = self.guard.route() if pinned is None else pinned
+        routed = pinned is None
         rung = self.ladder[level]
         key = None
         if rung == "cache":
@@ -146,10 +147,11 @@ class ModelService:
                 self.metrics.cache.labels(self.name, "stale" if hit.stale else "hit").inc()
                 params = {"producer": "cache", "variant": hit.variant, "stale": hit.stale, "age_s": round(hit.age_s, 3)}
                 resp = InferResponse(self.name, "cache", hit.outputs, request.id, params)
-                self._served(level, timing, "cache")
+                self._served(level, timing, "cache", routed=True)
                 return resp, params
             self.metrics.cache.labels(self.name, "miss").inc()
             level = len(self.variants) - 1  # no cached answer: the lightest model answers
+            routed = False  # ... but its latency is not evidence about the rung it was routed to
         batcher = self.batchers[level]
         try:
             batcher.admit(deadline_ns, now)
@@ -171,13 +173,13 @@ class ModelService:
                 outcome = await asyncio.wait_for(asyncio.shield(fut), remaining + 0.05)
             except TimeoutError:
                 fut.cancel()
-                self.guard.observe(level, int(float(deadline_ms) * 1e6))
+                self._penalise(level, routed, deadline_ms)
                 raise ServiceError(504, f"deadline of {deadline_ms:g} ms exceeded", kind="deadline") from None
             except DeadlineExceeded as exc:
-                self.guard.observe(level, int(float(deadline_ms) * 1e6))
+                self._penalise(level, routed, deadline_ms)
                 raise ServiceError(504, str(exc), kind="deadline") from None
             except ModelFailure as exc:
-                self.guard.observe(level, int(float(deadline_ms) * 1e6))
+                self._penalise(level, routed, deadline_ms)
                 raise ServiceError(500, f"model error in {batcher.variant.name}: {exc}", kind="model") from None
             except Shed as shed:
                 raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
@@ -190,12 +192,18 @@ class ModelService:
             key = self.cache.key(self.name, request)
         self.cache.put(key, outcome.outputs, variant)
         params = {"producer": variant, "level": level, "batch_size": outcome.batch_size, "release": outcome.reason}
-        self._served(level, timing, variant)
+        self._served(level, timing, variant, routed)
         return InferResponse(self.name, variant, outcome.outputs, request.id, params), params
 
-    def _served(self, level: int, timing: Timing, producer: str) -> None:
+    def _penalise(self, level: int, routed: bool, deadline_ms: float) -> None:
+        """A failed or timed-out request counts for the guard as a response at its deadline."""
+        if routed:
+            self.guard.observe(level, int(float(deadline_ms) * 1e6), probe=level < self.guard.level)
+
+    def _served(self, level: int, timing: Timing, producer: str, routed: bool) -> None:
         latency = time.perf_counter_ns() - timing.start
-        self.guard.observe(level, latency)
+        if routed:  # pinned and fall-through requests are not evidence for the guard
+            self.guard.observe(level, latency, probe=level < self.guard.level)
         switch = self.guard.first_served(level)
         if switch is not None:
             self.metrics.switch.labels(self.name, self.ladder[level]).observe(switch)
