@@ -9,8 +9,8 @@ the ladder. Errors are ``{"error": "..."}`` with a 4xx/5xx status; overload is 5
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import concurrent.futures
+import contextlib
 import hmac
 import logging
 import os
