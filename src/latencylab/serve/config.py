@@ -51,10 +51,15 @@ class ModelConfig:
     cache_ttl_s: float = 60.0
     cache_entries: int = 10_000
     guard: dict[str, Any] = field(default_factory=dict)
+    # "package.module:function": called as function(variant_names, max_batch_size, device) -> list of Variants,
+    # for models that are not built in (e.g. an exported artifact wrapped in a Variant).
+    factory: str | None = None
 
     def __post_init__(self) -> None:
-        if self.name not in KNOWN_MODELS:
-            raise LatencyLabError(f"model {self.name!r}: unknown; built-in models are {', '.join(KNOWN_MODELS)}")
+        if self.factory is None and self.name not in KNOWN_MODELS:
+            raise LatencyLabError(
+                f"model {self.name!r}: unknown; built-in models are {', '.join(KNOWN_MODELS)} (or give a factory)"
+            )
         if not self.ladder or self.ladder[0] == "cache":
             raise LatencyLabError(f"model {self.name!r}: the ladder must start with a model variant")
         if "cache" in self.ladder[:-1]:

@@ -6,9 +6,10 @@ import argparse
 import dataclasses
 import logging
 import sys
+from typing import Any
 
 from latencylab.errors import LatencyLabError
-from latencylab.serve.config import ServerConfig, default_config, load_config
+from latencylab.serve.config import ModelConfig, ServerConfig, default_config, load_config
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -36,9 +37,29 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return default_config(args.model or "text", **model_over, **server_over)
 
 
+def load_variants(m: ModelConfig, device: str) -> list[Any]:
+    """The ladder's variants of one model: built-in, or from the model's ``factory``."""
+    if m.factory is None:
+        from latencylab.serve.variants import build_variants
+
+        return list(build_variants(m.name, m.variants, m.max_batch_size, device))
+    import importlib
+
+    module, _, attr = m.factory.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise LatencyLabError(f"model {m.name!r}: cannot load factory {m.factory!r}: {exc}") from exc
+    variants = list(fn(list(m.variants), m.max_batch_size, device))
+    if [v.name for v in variants] != list(m.variants):
+        raise LatencyLabError(
+            f"model {m.name!r}: factory returned {[v.name for v in variants]}, ladder wants {list(m.variants)}"
+        )
+    return variants
+
+
 def run_serve_command(args: argparse.Namespace) -> int:
     from latencylab.serve.app import build_state, run_server
-    from latencylab.serve.variants import build_variants
 
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -46,7 +67,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(cfg.threads)
-    variants = {m.name: build_variants(m.name, m.variants, m.max_batch_size, cfg.device) for m in cfg.models}
+    variants = {m.name: load_variants(m, cfg.device) for m in cfg.models}
     state = build_state(cfg, variants)
 
     def listening(port: int) -> None:

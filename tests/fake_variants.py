@@ -1,0 +1,59 @@
+"""Variants with known, adjustable cost for server tests (Y = scale * X; forward sleeps ``delay_s``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from latencylab.serve.types import InferRequest, ProtocolError, Tensor, TensorSpec
+
+
+class FakeVariant:
+    kind = "primary"
+    inputs = (TensorSpec("X", "FP32", (-1, 4)),)
+    outputs = (TensorSpec("Y", "FP32", (-1, 4)),)
+
+    def __init__(self, name: str, delay_s: float = 0.002, scale: float = 2.0, max_batch_size: int = 8) -> None:
+        self.name = name
+        self.delay_s = delay_s
+        self.scale = scale
+        self.max_batch_size = max_batch_size
+        self.fail = False
+        self.hang = threading.Event()  # set -> forward blocks until cleared... (see forward)
+        self.batch_sizes: list[int] = []
+
+    def preprocess(self, request: InferRequest) -> Any:
+        x = request.input("X").data
+        if x.shape[0] < 1:
+            raise ProtocolError("input 'X': need at least one row")
+        return np.asarray(x, dtype=np.float32)
+
+    def forward(self, items: Sequence[Any]) -> Any:
+        self.batch_sizes.append(len(items))
+        if self.fail:
+            raise RuntimeError("injected failure")
+        if self.hang.is_set():
+            time.sleep(5.0)
+        time.sleep(self.delay_s)
+        return [x * self.scale for x in items]
+
+    def postprocess(self, raw: Any, n: int) -> list[tuple[Tensor, ...]]:
+        return [(Tensor("Y", "FP32", tuple(y.shape), y),) for y in raw]
+
+    def warmup(self, batch_sizes: Sequence[int]) -> None:
+        for n in batch_sizes:
+            for _ in range(2):
+                time.sleep(self.delay_s)
+
+
+def make(names: Sequence[str], max_batch_size: int, device: str) -> list[FakeVariant]:
+    """Factory for configs: FAKE_DELAY_MS_<NAME> sets a variant's forward time (default 2 ms)."""
+    return [
+        FakeVariant(n, float(os.environ.get(f"FAKE_DELAY_MS_{n.upper()}", "2")) / 1e3, max_batch_size=max_batch_size)
+        for n in names
+    ]

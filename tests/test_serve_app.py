@@ -1,0 +1,231 @@
+"""The server in-process (Starlette TestClient) with fake variants of known cost."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from starlette.testclient import TestClient
+
+from fake_variants import FakeVariant
+from latencylab.serve.app import build_state, lifespan_app
+from latencylab.serve.config import ModelConfig, ServerConfig
+from latencylab.serve.tracing import make_tracer_provider
+
+BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+
+
+def _server(
+    ladder: tuple[str, ...] = ("fp32", "light", "cache"),
+    delays: dict[str, float] | None = None,
+    exporter: Any = None,
+    token_env: str | None = None,
+    **model: Any,
+) -> tuple[TestClient, dict[str, FakeVariant], Any]:
+    delays = delays or {}
+    variants = [FakeVariant(n, delays.get(n, 0.002)) for n in ladder if n != "cache"]
+    cfg = ServerConfig(
+        models=(ModelConfig(name="fake", ladder=ladder, factory="fake_variants:make", **model),),
+        token_env=token_env,
+        max_body_bytes=64 * 1024,
+    )
+    provider = make_tracer_provider(exporter=exporter) if exporter is not None else None
+    state = build_state(cfg, {"fake": variants}, tracer_provider=provider)
+    return TestClient(lifespan_app(state)), {v.name: v for v in variants}, state
+
+
+@pytest.fixture()
+def client() -> Iterator[TestClient]:
+    c, _, _ = _server()
+    with c:
+        yield c
+
+
+def test_oip_routes(client: TestClient) -> None:
+    assert client.get("/v2/health/live").status_code == 200
+    assert client.get("/v2/health/ready").json() == {"ready": True}
+    assert client.get("/v2").json()["name"] == "latencylab"
+    meta = client.get("/v2/models/fake").json()
+    assert meta["name"] == "fake" and meta["versions"] == ["fp32", "light", "cache"]
+    assert meta["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, 4]}]
+    assert client.get("/v2/models/fake/versions/light").status_code == 200
+    assert client.get("/v2/models/fake/ready").status_code == 200
+    r = client.get("/v2/models/nope")
+    assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]
+    r = client.get("/v2/models/fake/versions/9")
+    assert r.status_code == 404 and "has no version '9'" in r.json()["error"]
+    r = client.get("/no/such/route")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_infer_round_trip_and_producer_labels(client: TestClient) -> None:
+    r = client.post("/v2/models/fake/infer", json={**BODY, "id": "req-7"})
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["model_name"] == "fake" and d["model_version"] == "fp32" and d["id"] == "req-7"
+    assert d["outputs"][0] == {"name": "Y", "datatype": "FP32", "shape": [1, 4], "data": [2.0, 4.0, 6.0, 8.0]}
+    assert d["parameters"]["producer"] == "fp32" and d["parameters"]["batch_size"] == 1
+    pinned = client.post("/v2/models/fake/versions/light/infer", json=BODY).json()
+    assert pinned["model_version"] == "light"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"{not json", 400, "malformed JSON"),
+        (
+            json.dumps({"inputs": [{"name": "X", "datatype": "INT64", "shape": [1, 4], "data": [1, 2, 3, 4]}]}),
+            400,
+            "INT64",
+        ),
+        (json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}), 400, "shape"),
+        (json.dumps({"inputs": [{"name": "Z", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}), 400, "Z"),
+        (json.dumps({**BODY, "outputs": [{"name": "NOPE"}]}), 400, "NOPE"),
+        (json.dumps({**BODY, "parameters": {"deadline_ms": -5}}), 400, "deadline_ms"),
+        (b"x" * (70 * 1024), 413, "exceeds the limit"),
+    ],
+)
+def test_bad_input_is_a_4xx_json_error(client: TestClient, body: Any, status: int, fragment: str) -> None:
+    r = client.post("/v2/models/fake/infer", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status
+    assert fragment in r.json()["error"]
+    assert client.post("/v2/models/fake/infer", json=BODY).status_code == 200  # and nothing broke
+
+
+def test_bearer_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LL_TEST_TOKEN", "s3cret")
+    c, _, _ = _server(token_env="LL_TEST_TOKEN")
+    with c:
+        assert c.post("/v2/models/fake/infer", json=BODY).status_code == 401
+        assert c.post("/v2/models/fake/infer", json=BODY, headers={"Authorization": "Bearer nope"}).status_code == 401
+        ok = c.post("/v2/models/fake/infer", json=BODY, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert c.get("/v2/health/live").status_code == 200  # health stays open for probes
+
+
+def test_model_that_raises_is_a_500_and_the_server_stays_up() -> None:
+    c, v, _ = _server()
+    with c:
+        v["fp32"].fail = True
+        r = c.post("/v2/models/fake/versions/fp32/infer", json=BODY)
+        assert r.status_code == 500 and "injected failure" in r.json()["error"]
+        v["fp32"].fail = False
+        assert c.post("/v2/models/fake/infer", json=BODY).status_code == 200
+
+
+def test_hung_model_gives_deadline_errors_not_a_hung_server() -> None:
+    c, v, _ = _server()
+    with c:
+        v["fp32"].hang.set()
+        t0 = time.perf_counter()
+        r = c.post("/v2/models/fake/versions/fp32/infer", json={**BODY, "parameters": {"deadline_ms": 200}})
+        assert r.status_code == 504 and "deadline" in r.json()["error"]
+        assert time.perf_counter() - t0 < 1.0
+        # the hung variant's queue refuses what it cannot finish in time; other rungs still answer
+        r2 = c.post("/v2/models/fake/versions/fp32/infer", json={**BODY, "parameters": {"deadline_ms": 200}})
+        assert r2.status_code in (503, 504)
+        assert c.post("/v2/models/fake/versions/light/infer", json=BODY).status_code == 200
+        assert c.get("/v2/health/live").status_code == 200
+        v["fp32"].hang.clear()
+
+
+def test_overload_is_shed_with_retry_after_and_nothing_is_dropped() -> None:
+    c, v, state = _server(delays={"fp32": 0.05}, max_queue=2, max_batch_size=1)
+    with c:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            rs = list(pool.map(lambda _: c.post("/v2/models/fake/versions/fp32/infer", json=BODY), range(24)))
+        codes = [r.status_code for r in rs]
+        assert len(codes) == 24 and set(codes) <= {200, 503}
+        shed = [r for r in rs if r.status_code == 503]
+        assert shed and all(int(r.headers["Retry-After"]) >= 1 for r in shed)
+        assert all("overloaded" in r.json()["error"] for r in shed)
+        metrics = c.get("/metrics").text
+        n_shed = sum(
+            float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("latencylab_server_shed_total")
+        )
+        assert n_shed == len(shed)
+
+
+def test_batches_form_under_concurrency_and_metrics_count_them() -> None:
+    c, v, _ = _server(delays={"fp32": 0.03}, max_queue_delay_ms=20)
+    with c:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            rs = list(pool.map(lambda _: c.post("/v2/models/fake/versions/fp32/infer", json=BODY), range(16)))
+        assert all(r.status_code == 200 for r in rs)
+        assert max(v["fp32"].batch_sizes) > 1
+        m = c.get("/metrics").text
+        assert 'latencylab_server_stage_seconds_count{model="fake",stage="request"} 16.0' in m
+        for stage in ("queue", "batch", "preprocess", "compute", "postprocess"):
+            assert f'stage="{stage}"' in m
+        assert "latencylab_server_batch_size_bucket" in m
+        assert "latencylab_server_queue_depth" in m and "latencylab_server_ladder_level" in m
+
+
+def test_spans_per_stage_with_context_propagation() -> None:
+    exporter = InMemorySpanExporter()
+    c, _, _ = _server(exporter=exporter)
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    with c:
+        r = c.post(
+            "/v2/models/fake/infer",
+            json=BODY,
+            headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"},
+        )
+        assert r.status_code == 200
+    spans = exporter.get_finished_spans()
+    names = {s.name for s in spans}
+    assert names == {"infer", "receive", "preprocess", "queue", "batch", "compute", "postprocess", "send"}
+    root = next(s for s in spans if s.name == "infer")
+    assert format(root.context.trace_id, "032x") == trace_id  # continued the caller's trace
+    assert root.parent is not None and format(root.parent.span_id, "016x") == "b7ad6b7169203331"
+    children = [s for s in spans if s.name != "infer"]
+    assert all(s.parent is not None and s.parent.span_id == root.context.span_id for s in children)
+    assert all(root.start_time <= s.start_time <= s.end_time <= root.end_time for s in children)
+    assert root.attributes["latencylab.producer"] == "fp32"
+
+
+def test_ladder_steps_down_to_lighter_then_cache_and_back_up() -> None:
+    guard = {"window_s": 2.0, "bucket_s": 0.25, "dwell_s": 0.3, "min_samples": 10, "probe_fraction": 0.25,
+             "probe_min_samples": 5}  # fmt: skip
+    c, v, state = _server(delays={"fp32": 0.03, "light": 0.001}, slo_ms=15, guard=guard, max_queue_delay_ms=1)
+    svc = state.services["fake"]
+
+    def drive(n: int) -> list[str]:
+        out = []
+        for i in range(n):
+            r = c.post("/v2/models/fake/infer", json={"inputs": [{**BODY["inputs"][0], "data": [i % 5, 2, 3, 4]}]})
+            assert r.status_code == 200, r.text
+            out.append(r.json()["model_version"])
+            time.sleep(0.005)
+        return out
+
+    with c:
+        drive(30)  # fp32 breaches the 15 ms SLO
+        time.sleep(0.3)
+        assert svc.guard.level_name == "light"
+        assert "light" in drive(10)
+        v["light"].delay_s = 0.03  # now the lighter one is slow too -> cached answers + alarm
+        drive(30)
+        time.sleep(0.3)
+        assert svc.guard.level_name == "cache"
+        cached = c.post("/v2/models/fake/infer", json={"inputs": [{**BODY["inputs"][0], "data": [1, 2, 3, 4]}]}).json()
+        assert cached["model_version"] == "cache" and cached["parameters"]["producer"] == "cache"
+        assert 'latencylab_server_alarm{model="fake"} 1.0' in c.get("/metrics").text
+        v["light"].delay_s = 0.001
+        v["fp32"].delay_s = 0.001
+        for _ in range(20):  # probes find the upper rungs healthy again
+            drive(10)
+            time.sleep(0.05)
+            if svc.guard.level_name == "fp32":
+                break
+        assert svc.guard.level_name == "fp32"
+        assert 'latencylab_server_alarm{model="fake"} 0.0' in c.get("/metrics").text
+    downs = [t for t in svc.guard.transitions if t.to_level > t.from_level]
+    assert [t.to_name for t in downs] == ["light", "cache"]
+    switch = [t.switch_time_s for t in svc.guard.transitions if t.switch_time_s is not None]
+    assert switch and all(s < 1.0 for s in switch)
