@@ -46,7 +46,7 @@ class FakeVariant:
         return [(Tensor("Y", "FP32", tuple(y.shape), y),) for y in raw]
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
-        for n in batch_sizes:
+        for _n in batch_sizes:
             for _ in range(2):
                 time.sleep(self.delay_s)
 

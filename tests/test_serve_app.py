@@ -135,7 +135,7 @@ def test_hung_model_gives_deadline_errors_not_a_hung_server() -> None:
 
 
 def test_overload_is_shed_with_retry_after_and_nothing_is_dropped() -> None:
-    c, v, state = _server(delays={"fp32": 0.05}, max_queue=2, max_batch_size=1)
+    c, _v, _state = _server(delays={"fp32": 0.05}, max_queue=2, max_batch_size=1)
     with c:
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             rs = list(pool.map(lambda _: c.post("/v2/models/fake/versions/fp32/infer", json=BODY), range(24)))
