@@ -285,7 +285,15 @@ def run_server(state: ServerState, on_listening: Any = None) -> None:
         timeout_graceful_shutdown=30,
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Drain and exit 0: uvicorn would re-raise the captured SIGTERM after its graceful shutdown,
+            # making a clean drain look like a kill to supervisors.
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    server = _Server(config)
 
     async def serve() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
