@@ -134,7 +134,8 @@ def test_real_prometheus_computes_p99_with_histogram_quantile(vision_server: str
         )  # fmt: skip
         assert load.returncode == 0, load.stderr
         time.sleep(2.5)  # the last scrape
-        q = 'histogram_quantile(0.99, sum by (le) (increase(latencylab_server_stage_seconds_bucket{stage="request"}[1m])))'
+        buckets = 'latencylab_server_stage_seconds_bucket{stage="request"}'
+        q = f"histogram_quantile(0.99, sum by (le) (increase({buckets}[1m])))"
         value = None
         for _ in range(20):
             with urllib.request.urlopen(f"{api}?query={urllib.request.quote(q)}", timeout=5) as r:
