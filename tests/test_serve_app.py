@@ -229,3 +229,19 @@ def test_ladder_steps_down_to_lighter_then_cache_and_back_up() -> None:
     assert [t.to_name for t in downs] == ["light", "cache"]
     switch = [t.switch_time_s for t in svc.guard.transitions if t.switch_time_s is not None]
     assert switch and all(s < 1.0 for s in switch)
+
+
+def test_deadline_from_header_or_parameter() -> None:
+    c, v, _ = _server(delays={"fp32": 0.05})
+    with c:
+        # 10 ms cannot be met by a 50 ms model: refused at admission (503), not left to time out
+        r = c.post("/v2/models/fake/versions/fp32/infer", json=BODY, headers={"X-Latencylab-Deadline-Ms": "10"})
+        assert r.status_code == 503 and "deadline" in r.json()["error"]
+        r = c.post("/v2/models/fake/versions/fp32/infer", json={**BODY, "parameters": {"deadline_ms": 10}})
+        assert r.status_code == 503
+        assert (
+            c.post("/v2/models/fake/versions/fp32/infer", json={**BODY, "parameters": {"deadline_ms": 500}}).status_code
+            == 200
+        )
+        bad = c.post("/v2/models/fake/infer", json=BODY, headers={"X-Latencylab-Deadline-Ms": "soon"})
+        assert bad.status_code == 400 and "x-latencylab-deadline-ms" in bad.json()["error"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import hmac
 import logging
 import os
@@ -35,6 +36,17 @@ from latencylab.serve.types import ProtocolError, Variant
 
 log = logging.getLogger("latencylab.serve")
 JSON = "application/json"
+DEADLINE_HEADER = "x-latencylab-deadline-ms"  # alternative to the OIP parameter "deadline_ms"
+
+
+def _deadline(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ProtocolError(f"header {DEADLINE_HEADER} must be a positive number of milliseconds, got {text!r}")
+    return value
 
 
 def _error(status: int, message: str, retry_after_s: float | None = None) -> Response:
@@ -131,6 +143,9 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
             svc, version = service_for(request)
             body = await _read_body(request, state.cfg.max_body_bytes)
             req = protocol.parse_infer_request(body, svc.name, version, svc.inputs, headers=request.headers)
+            header_deadline = request.headers.get(DEADLINE_HEADER)
+            if header_deadline is not None and "deadline_ms" not in req.parameters:
+                req = dataclasses.replace(req, parameters={**req.parameters, "deadline_ms": _deadline(header_deadline)})
             protocol.check_requested_outputs(req.outputs, svc.outputs)
             timing.parsed = time.perf_counter_ns()
             pinned = svc.ladder.index(version) if version is not None and version != "cache" else None
