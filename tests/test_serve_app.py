@@ -232,7 +232,7 @@ def test_ladder_steps_down_to_lighter_then_cache_and_back_up() -> None:
 
 
 def test_deadline_from_header_or_parameter() -> None:
-    c, v, _ = _server(delays={"fp32": 0.05})
+    c, _v, _ = _server(delays={"fp32": 0.05})
     with c:
         # 10 ms cannot be met by a 50 ms model: refused at admission (503), not left to time out
         r = c.post("/v2/models/fake/versions/fp32/infer", json=BODY, headers={"X-Latencylab-Deadline-Ms": "10"})
