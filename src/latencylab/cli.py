@@ -116,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("--early-stop", action="store_true", help="stop once the --slo verdict is decided")
     ld.add_argument("--timeout", type=_positive_float, default=30.0, help="per-request timeout (s)")
     ld.add_argument("--connections", type=_positive_int, default=8, help="connections opened before the run")
-    ld.add_argument("--payload", default="auto", help="auto (from model metadata), text (corpus), vision (JPEGs), or FILE.jsonl")
+    ld.add_argument(
+        "--payload", default="auto", help="auto (from model metadata), text (corpus), vision (JPEGs), or FILE.jsonl"
+    )
     ld.add_argument("--input-name", default=None, help="input tensor name for --payload text")
     ld.add_argument("--slo", help="latency objective, e.g. p99=100ms (verdict with --confidence)")
     ld.add_argument("--confidence", type=_fraction, default=0.99)

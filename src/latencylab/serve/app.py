@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,7 +227,7 @@ def _trace(
 
 def build_state(
     cfg: ServerConfig,
-    variants_by_model: dict[str, Sequence[Variant]],
+    variants_by_model: Mapping[str, Sequence[Variant]],
     tracer_provider: Any = None,
     preprocess_threads: int = 2,
 ) -> ServerState:

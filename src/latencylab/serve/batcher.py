@@ -208,7 +208,7 @@ class Batcher:
         return timeout_at, "timeout"
 
     def _take(self) -> list[Job]:
-        jobs = []
+        jobs: list[Job] = []
         while self._heap and len(jobs) < self.max_batch:
             jobs.append(heapq.heappop(self._heap))
         if self._on_depth is not None:

@@ -12,7 +12,7 @@ Example (``serve.toml``)::
 
     [[models]]
     name = "text"               # built-in: text (MiniLM) or vision (digits CNN)
-    ladder = ["fp32", "minilm-l3", "int8", "cache"]   # primary -> lighter -> quantised -> cached answer + alarm
+    ladder = ["fp32", "trunc64", "int8", "cache"]   # primary -> lighter -> quantised -> cached answer + alarm
     slo_ms = 100                # P99 objective the guard holds (quantile below)
     quantile = 0.99
     max_batch_size = 8
@@ -142,7 +142,7 @@ def load_config(path: str | Path) -> ServerConfig:
 
 def default_config(model: str = "text", **overrides: Any) -> ServerConfig:
     """The built-in config for one model with its full ladder (used by ``latencylab serve --model``)."""
-    ladders = {"text": ("fp32", "minilm-l3", "int8", "cache"), "vision": ("fp32", "res32", "int8", "cache")}
+    ladders = {"text": ("fp32", "trunc64", "int8", "cache"), "vision": ("fp32", "res32", "int8", "cache")}
     if model not in ladders:
         raise LatencyLabError(f"unknown model {model!r}; built-in models are {', '.join(KNOWN_MODELS)}")
     server = {k: v for k, v in overrides.items() if k in {f.name for f in fields(ServerConfig)}}

@@ -1,7 +1,7 @@
 """The P99 SLO guard and its fallback ladder.
 
 The guard watches the end-to-end latency of every request a model serves and
-moves the model along a *ladder* of levels, e.g. ``fp32 -> minilm-l3 -> int8
+moves the model along a *ladder* of levels, e.g. ``fp32 -> trunc64 -> int8
 -> cache``: when the window quantile (P99 by default) of the current level
 breaches the SLO it steps down to the next, lighter level; when requests
 probed one level up come back fast enough it steps back up. Entering the last
@@ -234,7 +234,7 @@ class _Window:
 class SloGuard:
     """Holds one model's window quantile under its SLO by moving along a ladder of levels.
 
-    ``levels`` are in ladder order, best first, e.g. ``["fp32", "minilm-l3",
+    ``levels`` are in ladder order, best first, e.g. ``["fp32", "trunc64",
     "int8", "cache"]``. The server calls ``route()`` to pick the level of each
     request, ``observe()`` with its end-to-end latency, ``first_served()``
     when a response completes, and ``evaluate()`` periodically (every 100 ms,

@@ -85,7 +85,7 @@ class Variant(Protocol):
     cannot use (wrong shape, undecodable image...).
     """
 
-    name: str  # e.g. "fp32", "minilm-l3", "int8"
+    name: str  # e.g. "fp32", "trunc64", "int8"
     kind: str  # "primary" | "lighter" | "quantized"
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
