@@ -1,0 +1,1 @@
+"""``latencylab optimize``: accuracy-guarded search over optimisation variants."""

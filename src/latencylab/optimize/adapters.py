@@ -1,0 +1,187 @@
+"""Model adapters for the built-in workloads (text: MiniLM embeddings; vision: digits CNN logits)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from latencylab.errors import LatencyLabError
+from latencylab.optimize.types import Feed
+
+
+class TextAdapter:
+    """all-MiniLM-L6-v2 with mean pooling + L2 normalisation inside the model (output: (B, 384) embeddings).
+
+    Feeds are single sentences from the shipped corpus tokenised to a fixed ``seq_len`` (padded /
+    truncated: the issue's "batch 1, sequence 128" setting) or, with ``seq_len=None``, to their own
+    length. Held-out: corpus lines whose index is not a multiple of 5; calibration: the multiples of 5.
+    """
+
+    name = "text"
+    input_names = ("input_ids", "attention_mask")
+    output_kind = "embedding"
+
+    def __init__(self, seq_len: int | None = 128, batch_size: int = 1, n_heldout: int = 64, n_calib: int = 32) -> None:
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.n_heldout = n_heldout
+        self.n_calib = n_calib
+
+    @cached_property
+    def _loaded(self) -> tuple[Any, Any]:
+        from latencylab.workloads.text import load_model
+
+        # eager attention: ONNX Runtime's transformer optimizer fuses attention only from this export
+        return load_model(attn="eager")
+
+    def torch_model(self) -> Any:
+        import torch
+
+        from latencylab.workloads.text import mean_pool_normalize
+
+        _, encoder = self._loaded
+
+        class Embedder(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.encoder = encoder
+
+            def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+                hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                return mean_pool_normalize(hidden, attention_mask)
+
+        return Embedder().eval()
+
+    def export_onnx(self, path: Path, opset: int = 17) -> Path:
+        import torch
+
+        model = self.torch_model()
+        feed = self.heldout()[0]
+        args = tuple(torch.from_numpy(feed[n]) for n in self.input_names)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with torch.inference_mode():
+            torch.onnx.export(
+                model,
+                args,
+                str(path),
+                input_names=list(self.input_names),
+                output_names=["embedding"],
+                dynamic_axes={
+                    "input_ids": {0: "batch", 1: "seq"},
+                    "attention_mask": {0: "batch", 1: "seq"},
+                    "embedding": {0: "batch"},
+                },
+                opset_version=opset,
+                dynamo=False,
+            )
+        return path
+
+    def _feeds(self, texts: list[str]) -> list[Feed]:
+        tok, _ = self._loaded
+        out = []
+        for i in range(0, len(texts) - self.batch_size + 1, self.batch_size):
+            chunk = texts[i : i + self.batch_size]
+            if self.seq_len is None:
+                enc = tok(chunk, padding="longest", truncation=True, max_length=256, return_tensors="np")
+            else:
+                enc = tok(chunk, padding="max_length", truncation=True, max_length=self.seq_len, return_tensors="np")
+            out.append({n: np.ascontiguousarray(enc[n].astype(np.int64)) for n in self.input_names})
+        return out
+
+    @cached_property
+    def _splits(self) -> tuple[list[str], list[str]]:
+        from latencylab.workloads.text import corpus
+
+        texts = list(corpus())
+        held = [t for i, t in enumerate(texts) if i % 5 != 0]
+        calib = [t for i, t in enumerate(texts) if i % 5 == 0]
+        return held, calib
+
+    def heldout(self) -> list[Feed]:
+        return self._feeds(self._splits[0][: self.n_heldout * self.batch_size])
+
+    def calibration(self) -> list[Feed]:
+        return self._feeds(self._splits[1][: self.n_calib * self.batch_size])
+
+    def labels(self) -> np.ndarray | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": "sentence-transformers/all-MiniLM-L6-v2",
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "heldout_feeds": self.n_heldout,
+            "calibration_feeds": self.n_calib,
+        }
+
+
+class VisionAdapter:
+    """The digits CNN on preprocessed held-out JPEGs (output: (B, 10) logits; task metric: accuracy)."""
+
+    name = "vision"
+    input_names = ("pixels",)
+    output_kind = "logits"
+
+    def __init__(self, batch_size: int = 1, res: int = 64) -> None:
+        self.batch_size = batch_size
+        self.res = res
+
+    @cached_property
+    def _model(self) -> Any:
+        from latencylab.workloads import WorkloadOptions
+        from latencylab.workloads.vision import load_model
+
+        return load_model(WorkloadOptions(params={"res": str(self.res)})).model
+
+    def torch_model(self) -> Any:
+        return self._model.eval()
+
+    @cached_property
+    def _data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from latencylab.workloads.vision import Preprocess, decode, digits_jpeg_splits
+
+        train, test = digits_jpeg_splits()
+        x_test = Preprocess(self.res)(decode(test.jpegs)).numpy()
+        x_cal = Preprocess(self.res)(decode(train.jpegs[:64])).numpy()
+        return x_test, np.asarray(test.labels, dtype=np.int64), x_cal
+
+    def _batches(self, x: np.ndarray) -> list[Feed]:
+        b = self.batch_size
+        return [{"pixels": np.ascontiguousarray(x[i : i + b])} for i in range(0, len(x) - b + 1, b)]
+
+    def heldout(self) -> list[Feed]:
+        return self._batches(self._data[0])
+
+    def calibration(self) -> list[Feed]:
+        return self._batches(self._data[2])
+
+    def labels(self) -> np.ndarray | None:
+        n = len(self.heldout()) * self.batch_size
+        return self._data[1][:n]
+
+    def export_onnx(self, path: Path, opset: int = 17) -> Path:
+        import torch
+
+        x = torch.from_numpy(self.heldout()[0]["pixels"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with torch.inference_mode():
+            torch.onnx.export(
+                self.torch_model(), (x,), str(path), input_names=["pixels"], output_names=["logits"],
+                dynamic_axes={"pixels": {0: "batch"}, "logits": {0: "batch"}}, opset_version=opset, dynamo=False,
+            )  # fmt: skip
+        return path
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": "digits CNN", "res": self.res, "batch_size": self.batch_size, "heldout_images": 360}
+
+
+def adapter_for(workload: str, **kwargs: Any) -> Any:
+    if workload == "text":
+        return TextAdapter(**kwargs)
+    if workload == "vision":
+        return VisionAdapter(**{k: v for k, v in kwargs.items() if k in ("batch_size", "res")})
+    raise LatencyLabError(f"optimize: unknown workload {workload!r}; built-in: text, vision")

@@ -1,0 +1,379 @@
+"""The accuracy-guarded search: fidelity first, then interleaved latency, Pareto front, one honest choice.
+
+1. The baseline (the first candidate, FP32 eager by convention) runs every held-out feed: its outputs
+   are the reference.
+2. Every other candidate is built (timed; a build failure is recorded, the search goes on) and run on
+   the same held-out feeds; fidelity is computed against the reference. Candidates outside the budget
+   get a short latency measurement only (they are reported, but are not worth timing at length).
+3. Latency: ``rounds`` rounds; in each, every live candidate runs ``per_round`` calls, in an order
+   rotated every round (A B C, B C A, ...), so machine drift and thermal state hit all of them alike.
+   Each call is one feed (cycling through the held-out feeds), timed with perf_counter_ns.
+4. The choice is the lowest-p50 candidate inside the budget whose p50 is below the baseline's by more
+   than the noise (its p50 CI's upper end is below the baseline's p50 CI's lower end). If none is,
+   the answer is "no improvement found": never a variant slower than the baseline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from latencylab import stats as lstats
+from latencylab.errors import LatencyLabError
+from latencylab.optimize.types import BuildContext, Candidate, Feed, Runner
+
+# ------------------------------------------------------------------ budget
+
+_BUDGET_TERM = re.compile(r"^\s*(cos|min_cos|top1|accuracy_drop|max_abs)\s*(>=|<=)\s*([0-9.]+)\s*(%?)\s*$")
+DEFAULT_BUDGETS = {"embedding": "cos>=0.99,min_cos>=0.98", "logits": "accuracy_drop<=1%"}
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Conjunction of fidelity bounds, e.g. ``cos>=0.99,min_cos>=0.98`` or ``accuracy_drop<=1%``."""
+
+    terms: tuple[tuple[str, str, float], ...]
+    text: str
+
+    @classmethod
+    def parse(cls, text: str) -> Budget:
+        terms = []
+        for part in text.split(","):
+            m = _BUDGET_TERM.match(part)
+            if not m:
+                raise LatencyLabError(
+                    f"budget term {part.strip()!r} is not understood: use e.g. cos>=0.99, min_cos>=0.98, "
+                    "top1>=0.99, accuracy_drop<=1%, max_abs<=0.05"
+                )
+            value = float(m.group(3)) / (100.0 if m.group(4) else 1.0)
+            terms.append((m.group(1), m.group(2), value))
+        return cls(tuple(terms), text)
+
+    def check(self, f: Fidelity) -> tuple[bool, str]:
+        for metric, op, bound in self.terms:
+            v = f.value(metric)
+            if v is None:
+                return False, f"{metric} is not available for this model"
+            ok = v >= bound if op == ">=" else v <= bound
+            if not ok:
+                return False, f"{metric} {v:.4f} {'<' if op == '>=' else '>'} {bound:g}"
+        return True, "inside budget"
+
+
+# ------------------------------------------------------------------ fidelity
+
+
+@dataclass(frozen=True, slots=True)
+class Fidelity:
+    n: int
+    cos_mean: float
+    cos_min: float
+    max_abs: float
+    top1: float  # agreement of argmax with the reference
+    accuracy: float | None = None  # task metric where labels exist
+    reference_accuracy: float | None = None
+
+    def value(self, metric: str) -> float | None:
+        if metric == "cos":
+            return self.cos_mean
+        if metric == "min_cos":
+            return self.cos_min
+        if metric == "top1":
+            return self.top1
+        if metric == "max_abs":
+            return self.max_abs
+        if metric == "accuracy_drop":
+            if self.accuracy is None or self.reference_accuracy is None:
+                return None
+            return self.reference_accuracy - self.accuracy
+        raise KeyError(metric)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "cos_mean": self.cos_mean,
+            "cos_min": self.cos_min,
+            "max_abs": self.max_abs,
+            "top1": self.top1,
+            "accuracy": self.accuracy,
+            "reference_accuracy": self.reference_accuracy,
+        }
+
+
+def fidelity(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | None = None) -> Fidelity:
+    """Row-wise cosine (mean, min), max |difference|, argmax agreement, and accuracy against labels."""
+    ref = np.asarray(reference, dtype=np.float64).reshape(len(reference), -1)
+    out = np.asarray(outputs, dtype=np.float64).reshape(len(outputs), -1)
+    if ref.shape != out.shape:
+        raise LatencyLabError(f"output shape {out.shape} differs from the reference {ref.shape}")
+    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(out, axis=1)
+    cos = np.where(norms > 0, (ref * out).sum(axis=1) / np.maximum(norms, 1e-30), 0.0)
+    if not np.isfinite(out).all():
+        cos = np.where(np.isfinite(out).all(axis=1), cos, -1.0)
+    top1 = float((ref.argmax(axis=1) == out.argmax(axis=1)).mean())
+    acc = ref_acc = None
+    if labels is not None:
+        acc = float((out.argmax(axis=1) == labels).mean())
+        ref_acc = float((ref.argmax(axis=1) == labels).mean())
+    with np.errstate(invalid="ignore"):
+        max_abs = float(np.nanmax(np.abs(ref - out))) if np.isfinite(out).any() else float("inf")
+    return Fidelity(len(ref), float(cos.mean()), float(cos.min()), max_abs, top1, acc, ref_acc)
+
+
+# ------------------------------------------------------------------ results
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateResult:
+    name: str
+    family: str
+    backend: str
+    params: dict[str, Any]
+    description: str
+    status: str  # baseline | inside-budget | outside-budget | skipped | failed
+    reason: str
+    fidelity: Fidelity | None = None
+    samples_ns: tuple[int, ...] = ()
+    build_s: float | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def latency(self) -> lstats.Summary | None:
+        if len(self.samples_ns) < 2:
+            return None
+        return lstats.summarize(self.samples_ns, qs=(0.5, 0.99), n_boot=300, label=self.name)
+
+    def to_dict(self, baseline_p50: float | None = None) -> dict[str, Any]:
+        lat = self.latency()
+        d: dict[str, Any] = {
+            "name": self.name,
+            "family": self.family,
+            "backend": self.backend,
+            "params": self.params,
+            "description": self.description,
+            "status": self.status,
+            "reason": self.reason,
+            "build_s": self.build_s,
+            "stats": self.stats,
+            "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
+            "n": len(self.samples_ns),
+        }
+        if lat is not None:
+            p50, p99 = lat.at(0.5), lat.at(0.99)
+            d.update(
+                p50_ms=p50.value / 1e6,
+                p50_ci_ms=[p50.ci_low / 1e6, p50.ci_high / 1e6],
+                p99_ms=p99.value / 1e6,
+                p99_ci_ms=[p99.ci_low / 1e6, p99.ci_high / 1e6],
+            )
+            if baseline_p50:
+                d["speedup_p50"] = baseline_p50 / p50.value
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    baseline: str
+    chosen: str | None  # None = no improvement found
+    verdict: str
+    budget: str
+    candidates: tuple[CandidateResult, ...]
+    pareto: tuple[str, ...]
+    wall_s: float
+
+    def by_name(self, name: str) -> CandidateResult:
+        for c in self.candidates:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+# ------------------------------------------------------------------ the search
+
+ProgressFn = Callable[[str, int, int], None]  # (message, step, total)
+
+
+def _score(f: Fidelity | None, kind: str) -> float:
+    """One number for the Pareto front: higher is better."""
+    if f is None:
+        return -1.0
+    if f.accuracy is not None:
+        return f.accuracy
+    return f.cos_mean if kind == "embedding" else f.top1
+
+
+def pareto_front(points: Sequence[tuple[str, float, float]]) -> tuple[str, ...]:
+    """Names not dominated in (latency lower, score higher); ties keep both."""
+    front = []
+    for name, lat, score in points:
+        dominated = any(
+            (lat2 <= lat and score2 >= score) and (lat2 < lat or score2 > score)
+            for n2, lat2, score2 in points
+            if n2 != name
+        )
+        if not dominated:
+            front.append((lat, name))
+    return tuple(name for _, name in sorted(front))
+
+
+def _measure_interleaved(
+    runners: dict[str, Runner], feeds: Sequence[Feed], rounds: dict[str, int], per_round: int, warmup: int = 3
+) -> dict[str, list[int]]:
+    names = list(runners)
+    for n in names:
+        for i in range(warmup):
+            runners[n].run(feeds[i % len(feeds)])
+    samples: dict[str, list[int]] = {n: [] for n in names}
+    clock = time.perf_counter_ns
+    max_rounds = max(rounds.values()) if rounds else 0
+    k = 0
+    for r in range(max_rounds):
+        order = names[r % len(names) :] + names[: r % len(names)] if names else []
+        for n in order:
+            if r >= rounds[n]:
+                continue
+            run = runners[n].run
+            out = samples[n]
+            for _ in range(per_round):
+                feed = feeds[k % len(feeds)]
+                k += 1
+                t0 = clock()
+                run(feed)
+                out.append(clock() - t0)
+    return samples
+
+
+def search(
+    ctx: BuildContext,
+    candidates: Sequence[Candidate],
+    budget: Budget,
+    rounds: int = 10,
+    per_round: int = 10,
+    short_rounds: int = 2,
+    time_budget_s: float | None = None,
+    progress: ProgressFn | None = None,
+) -> SearchResult:
+    """Build, check and time every candidate; the first is the baseline."""
+    if not candidates:
+        raise LatencyLabError("no candidates to search")
+    t_start = time.perf_counter()
+    adapter = ctx.adapter
+    feeds = adapter.heldout()
+    labels = adapter.labels()
+    kind = adapter.output_kind
+    total = len(candidates) + 1
+    results: dict[str, CandidateResult] = {}
+    runners: dict[str, Runner] = {}
+    reference: np.ndarray | None = None
+
+    def over_time() -> bool:
+        return time_budget_s is not None and time.perf_counter() - t_start > time_budget_s
+
+    for i, cand in enumerate(candidates):
+        if progress is not None:
+            progress(f"building {cand.name}", i, total)
+
+        def mk(status: str, reason: str, cand: Candidate = cand, **kw: Any) -> CandidateResult:
+            return CandidateResult(
+                cand.name, cand.family, cand.backend, dict(cand.params), cand.description, status, reason, **kw
+            )
+
+        if i > 0 and over_time():
+            results[cand.name] = mk("skipped", "time budget spent")
+            continue
+        why = cand.skip_reason(ctx)
+        if why:
+            if i == 0:
+                raise LatencyLabError(f"the baseline {cand.name} cannot run here: {why}")
+            results[cand.name] = mk("skipped", why)
+            continue
+        t0 = time.perf_counter()
+        try:
+            runner = cand.build(ctx)
+            outs = np.concatenate([np.asarray(runner.run(f), dtype=np.float32) for f in feeds])
+        except Exception as exc:  # a failed variant is reported, the search goes on
+            if i == 0:
+                raise LatencyLabError(f"the baseline {cand.name} failed: {type(exc).__name__}: {exc}") from exc
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            results[cand.name] = mk("failed", f"build failed: {type(exc).__name__}: {msg}"[:300])
+            continue
+        build_s = time.perf_counter() - t0
+        run_stats = dict(getattr(runner, "stats", {}) or {})
+        if i == 0:
+            reference = outs
+            fid = fidelity(outs, outs, labels)
+            results[cand.name] = mk("baseline", "reference", fidelity=fid, build_s=build_s, stats=run_stats)
+        else:
+            assert reference is not None
+            try:
+                fid = fidelity(reference, outs, labels)
+            except LatencyLabError as exc:
+                results[cand.name] = mk("failed", str(exc))
+                continue
+            ok, why = budget.check(fid)
+            status = "inside-budget" if ok else "outside-budget"
+            results[cand.name] = mk(status, why, fidelity=fid, build_s=build_s, stats=run_stats)
+        runners[cand.name] = runner
+
+    if progress is not None:
+        progress("timing (interleaved)", len(candidates), total)
+    plan = {n: (rounds if results[n].status in ("baseline", "inside-budget") else short_rounds) for n in runners}
+    samples = _measure_interleaved(runners, feeds, plan, per_round)
+    for n, runner in runners.items():
+        with contextlib.suppress(Exception):
+            runner.close()
+        r = results[n]
+        results[n] = CandidateResult(
+            r.name, r.family, r.backend, r.params, r.description, r.status, r.reason, r.fidelity,
+            tuple(samples[n]), r.build_s, r.stats,
+        )  # fmt: skip
+
+    baseline = candidates[0].name
+    base_lat = results[baseline].latency()
+    assert base_lat is not None
+    base_p50 = base_lat.at(0.5)
+    best: tuple[float, str] | None = None
+    for r in results.values():
+        if r.status != "inside-budget":
+            continue
+        lat = r.latency()
+        if lat is None:
+            continue
+        p50 = lat.at(0.5)
+        if p50.ci_high < base_p50.ci_low and (best is None or p50.value < best[0]):
+            best = (p50.value, r.name)
+    points = []
+    for r in results.values():
+        lat = r.latency()
+        if lat is not None and r.status in ("baseline", "inside-budget", "outside-budget"):
+            points.append((r.name, lat.at(0.5).value, _score(r.fidelity, kind)))
+    if best is None:
+        verdict = "no improvement found: no variant inside the budget is significantly faster than the baseline"
+        chosen = None
+    else:
+        chosen = best[1]
+        verdict = f"{chosen}: {base_p50.value / best[0]:.2f}x faster (p50) than {baseline}, inside the budget"
+    if progress is not None:
+        progress("done", total, total)
+    return SearchResult(
+        baseline=baseline,
+        chosen=chosen,
+        verdict=verdict,
+        budget=budget.text,
+        candidates=tuple(results[c.name] for c in candidates),
+        pareto=pareto_front(points),
+        wall_s=time.perf_counter() - t_start,
+    )
+
+
+def copy_artifact(src: Path, dst: Path) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    return dst
