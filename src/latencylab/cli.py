@@ -145,6 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
     sv.add_argument("--token-env", help="require a bearer token: the name of the env var holding it")
 
+    op = sub.add_parser("optimize", help="search optimisation variants; keep the fastest inside the accuracy budget")
+    op.add_argument("--workload", default="text", choices=["text", "vision"])
+    op.add_argument("--budget", help='fidelity budget, e.g. "cos>=0.99,min_cos>=0.98" or "accuracy_drop<=1%%"')
+    op.add_argument("--threads", type=_positive_int, default=1, help="intra-op threads for every variant")
+    op.add_argument("--time-budget", type=_positive_float, default=600.0, help="seconds; later candidates skip")
+    op.add_argument("--families", default="torch,onnxruntime", help="candidate families to try")
+    op.add_argument("--only", help="comma-separated candidate names (besides the baseline)")
+    op.add_argument("--rounds", type=_positive_int, default=10, help="interleaved timing rounds")
+    op.add_argument("--seq-len", type=int, default=128, help="text: tokens per input (0 = each input's own)")
+    op.add_argument("--batch-size", type=_positive_int, default=1)
+    op.add_argument("--out", help="directory for the chosen artifact and recipe.json")
+    op.add_argument("--recipe", help="re-apply a recipe.json and measure it again")
+    op.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    op.add_argument("--quiet", action="store_true")
+
     e = sub.add_parser("env", help="environment fingerprint, lint and diff")
     e.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the fingerprint as JSON (- = stdout)")
     e.add_argument("--diff", nargs=2, metavar=("A", "B"), help="differences that change latency (env or result files)")
@@ -280,7 +295,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_serve_command(args)
 
 
-COMMANDS: dict[str, Any] = {"profile": cmd_profile, "env": cmd_env, "load": cmd_load, "serve": cmd_serve}
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from latencylab.optimize.frontend import run_optimize_command
+
+    return run_optimize_command(args, _stdout_console())
+
+
+COMMANDS: dict[str, Any] = {
+    "profile": cmd_profile,
+    "env": cmd_env,
+    "load": cmd_load,
+    "serve": cmd_serve,
+    "optimize": cmd_optimize,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,92 @@
+"""``latencylab optimize``: parse, run the lab with a progress bar, render the table, write files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from latencylab.errors import LatencyLabError
+
+
+def render(doc: dict[str, Any], console: Console) -> None:
+    s = doc["summary"]
+    t = Table(title=f"latencylab optimize: {doc['model'].get('model')} (budget {s['budget']})", title_justify="left")
+    for col in ("candidate", "backend", "status", "p50 ms [95% CI]", "p99 ms", "speed-up", "fidelity", "why"):
+        t.add_column(col, justify="right" if col in ("p99 ms", "speed-up") else "left")
+    for c in doc["candidates"]:
+        f = c.get("fidelity") or {}
+        if f.get("accuracy") is not None:
+            fid = f"acc {f['accuracy']:.4f} top1 {f['top1']:.3f}"
+        elif f:
+            fid = f"cos {f['cos_mean']:.5f} min {f['cos_min']:.4f}"
+        else:
+            fid = "-"
+        p50 = (
+            "-" if c.get("p50_ms") is None else f"{c['p50_ms']:.2f} [{c['p50_ci_ms'][0]:.2f}, {c['p50_ci_ms'][1]:.2f}]"
+        )
+        p99 = "-" if c.get("p99_ms") is None else f"{c['p99_ms']:.2f}"
+        sp = "-" if c.get("speedup_p50") is None else f"{c['speedup_p50']:.2f}x"
+        name = f"[bold]{c['name']}[/bold]" if s.get("chosen") and c["name"] == s["chosen"]["name"] else c["name"]
+        t.add_row(name, c["backend"], c["status"], p50, p99, sp, fid, c["reason"])
+    console.print(t)
+    console.print(f"Pareto front (p50 vs fidelity): {', '.join(s['pareto'])}")
+    console.print(f"[bold]{s['verdict']}[/bold]")
+    if doc.get("artifact"):
+        console.print(f"artifact: {doc['artifact']}  recipe: {doc.get('recipe')}")
+    if doc.get("artifact_error"):
+        console.print(f"[red]{doc['artifact_error']}[/red]")
+
+
+def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from latencylab.optimize.lab import LabConfig, apply_recipe, run_lab
+
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]optimize[/bold] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=args.quiet or not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(msg: str, step: int, total: int) -> None:
+            bar.update(task, description=msg, completed=step, total=total)
+            if not err.is_terminal and not args.quiet:
+                err.print(f"optimize: [{step}/{total}] {msg}")
+
+        if args.recipe:
+            doc = apply_recipe(Path(args.recipe), progress)
+        else:
+            cfg = LabConfig(
+                workload=args.workload,
+                budget=args.budget,
+                threads=args.threads,
+                time_budget_s=args.time_budget,
+                families=tuple(f.strip() for f in args.families.split(",") if f.strip()),
+                rounds=args.rounds,
+                seq_len=None if args.seq_len == 0 else args.seq_len,
+                batch_size=args.batch_size,
+                only=tuple(x.strip() for x in (args.only or "").split(",") if x.strip()),
+            )
+            if cfg.threads < 1:
+                raise LatencyLabError("--threads must be >= 1")
+            doc = run_lab(cfg, Path(args.out) if args.out else None, progress)
+    render(doc, console)
+    if args.recipe and doc.get("recipe"):
+        rec = doc["recipe"]
+        console.print(f"recipe recorded: {rec['recorded']}\nreproduced now:  {rec['reproduced']}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
+        console.print(f"wrote {args.json}")
+    return 0
