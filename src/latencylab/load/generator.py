@@ -207,6 +207,8 @@ class _Run:
             self.waiting.append(rid)
             return
         if conn is None:
+            # Count the connection as opening now: a burst of sends in one loop turn must see it.
+            self._opening += 1
             task = asyncio.ensure_future(self._send_on_new(rid))
             self._pending.add(task)  # keep a reference until done (the loop holds only weak ones)
             task.add_done_callback(self._pending.discard)
@@ -222,7 +224,6 @@ class _Run:
         conn.send(self.requests[self.payload[rid]], rid, self._record)
 
     async def _send_on_new(self, rid: int) -> None:
-        self._opening += 1
         try:
             conn = await self.pool.open()
         except ConnectionError as exc:
@@ -294,6 +295,7 @@ async def _open_loop(run: _Run, arrivals: ArrivalProcess, n_payloads: int, seed:
     floor = cfg.min_requests
     end_s = cfg.duration_s if cfg.duration_s is not None else float("inf")
     stream = arrivals.arrivals(None if floor else cfg.duration_s, cfg.max_requests or (2**62 if floor else None))
+    burst = 0
     for a in stream:
         if run.stop_sending or (floor and a.t_s >= end_s and len(run.intended) >= floor):
             break
@@ -301,7 +303,14 @@ async def _open_loop(run: _Run, arrivals: ArrivalProcess, n_payloads: int, seed:
         while True:
             dt = intended - perf()
             if dt <= 0:
+                # Catching up after a stall: yield now and then, so answers are read and connections
+                # return to the pool; a burst without yielding would open a connection per request.
+                burst += 1
+                if burst >= 4:
+                    burst = 0
+                    await asyncio.sleep(0)
                 break
+            burst = 0
             if dt > SPIN_NS:
                 await asyncio.sleep((dt - SPIN_NS) / 1e9)
             else:
