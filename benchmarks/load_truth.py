@@ -63,7 +63,8 @@ def main() -> None:
         print(f"{key[:-3]:6} {rep:>8.2f}ms {real:>8.2f}ms {rep / real - 1:>+7.1%} {th:>8.2f}ms {rep / th - 1:>+7.1%}")
     print(f"lateness p99 {s['lateness_p99_ms']:.3f} ms, valid {s['valid']}, client CPU {s['client_cpu_percent']:.0f}%")
     if res.server:
-        print(f"server mean {res.server['server_stages_mean_ms']}, network+client {res.server['network_and_client_mean_ms']:.2f} ms")
+        srv = res.server
+        print(f"server mean {srv['server_stages_mean_ms']}, network+client {srv['network_and_client_mean_ms']:.2f} ms")
 
     stall = ("--service", "constant(10ms)", "--stall-at", "3", "--stall", "1s")
     with server(*stall) as url:
@@ -84,8 +85,10 @@ def main() -> None:
             f"{t['max_ms']:>7.1f}ms {t['uncorrected_p99_ms']:>10.1f}ms"
         )
     print(f"open-loop note: {o.summary['coordinated_omission']}")
-    print(f"1-connection note: {w.summary['coordinated_omission']}; valid {w.summary['valid']}: "
-          f"{'; '.join(w.summary['invalid_reasons'])}")
+    print(
+        f"1-connection note: {w.summary['coordinated_omission']}; valid {w.summary['valid']}: "
+        f"{'; '.join(w.summary['invalid_reasons'])}"
+    )
     print(f"closed-loop note: {c.summary['coordinated_omission']}")
 
 
