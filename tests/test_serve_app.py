@@ -208,7 +208,7 @@ def test_ladder_steps_down_to_lighter_then_cache_and_back_up() -> None:
         drive(30)  # fp32 breaches the 15 ms SLO
         time.sleep(0.3)
         assert svc.guard.level_name == "light"
-        assert "light" in drive(10)
+        assert set(drive(10)) == {"light"}  # probes of fp32 are shadows: users are answered by light
         v["light"].delay_s = 0.03  # now the lighter one is slow too -> cached answers + alarm
         drive(30)
         time.sleep(0.3)

@@ -76,6 +76,12 @@ class ServerMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
             registry=r,
         )
+        self.probes = Counter(
+            "latencylab_server_probes",
+            "Shadow probes sent to a rung above the current one.",
+            ["model", "to"],
+            registry=r,
+        )
         self.cache = Counter(
             "latencylab_server_cache", "Result cache lookups by outcome.", ["model", "outcome"], registry=r
         )

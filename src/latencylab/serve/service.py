@@ -70,6 +70,7 @@ class ModelService:
         self.batchers: list[Batcher] = []
         self.in_flight = 0
         self._eval_task: asyncio.Task[None] | None = None
+        self._shadows: set[asyncio.Task[None]] = set()
 
     def _alarm(self, hook: Any) -> Any:
         def on_alarm(alarm: Alarm) -> None:
@@ -138,6 +139,11 @@ class ModelService:
         deadline_ns = timing.start + int(float(deadline_ms) * 1e6)
         level = self.guard.route() if pinned is None else pinned
         routed = pinned is None
+        if routed and level < self.guard.level:
+            # A probe of the rung above: shadow it (a copy runs there in the background and only the
+            # guard sees its latency) and answer from the current rung, so probing never costs the user.
+            self._shadow(request, level, float(deadline_ms))
+            level = self.guard.level
         rung = self.ladder[level]
         key = None
         if rung == "cache":
@@ -194,6 +200,28 @@ class ModelService:
         params = {"producer": variant, "level": level, "batch_size": outcome.batch_size, "release": outcome.reason}
         self._served(level, timing, variant, routed)
         return InferResponse(self.name, variant, outcome.outputs, request.id, params), params
+
+    def _shadow(self, request: InferRequest, level: int, deadline_ms: float) -> None:
+        if self.ladder[level] == "cache" or len(self._shadows) >= 16:  # bounded: probes must not pile up
+            return
+        task = asyncio.get_running_loop().create_task(self._run_shadow(request, level, deadline_ms))
+        self._shadows.add(task)
+        task.add_done_callback(self._shadows.discard)
+
+    async def _run_shadow(self, request: InferRequest, level: int, deadline_ms: float) -> None:
+        start = time.perf_counter_ns()
+        deadline_ns = start + int(deadline_ms * 1e6)
+        batcher = self.batchers[level]
+        try:
+            batcher.admit(deadline_ns, start)
+            item = await asyncio.get_running_loop().run_in_executor(self.pool, batcher.variant.preprocess, request)
+            fut = batcher.submit(item, deadline_ns)
+            await asyncio.wait_for(asyncio.shield(fut), max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9) + 0.05)
+            latency = time.perf_counter_ns() - start
+        except Exception:  # a probe that fails or cannot be admitted is a slow probe
+            latency = int(deadline_ms * 1e6)
+        self.metrics.probes.labels(self.name, self.ladder[level]).inc()
+        self.guard.observe(level, latency, probe=True)
 
     def _penalise(self, level: int, routed: bool, deadline_ms: float) -> None:
         """A failed or timed-out request counts for the guard as a response at its deadline."""
