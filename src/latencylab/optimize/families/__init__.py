@@ -1,0 +1,1 @@
+"""Candidate families: one module per runtime, each exposing ``candidates(ctx) -> list[Candidate]``."""
