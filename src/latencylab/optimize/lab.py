@@ -142,7 +142,9 @@ def export(ctx: BuildContext, cand: Candidate, out_dir: Path) -> Path:
         dst = out_dir / "model.onnx"
         shutil.copyfile(path, dst)
         return dst
-    module = getattr(runner, "module", None)
+    module = getattr(runner, "module", None) or getattr(runner, "model", None)
+    # a torch.compile'd module: export the module it wraps (compilation is a runtime step, in the recipe)
+    module = getattr(module, "_orig_mod", module)
     if module is None:
         raise LatencyLabError(f"{cand.name}: the runner exposes neither model_path nor module: cannot export")
     import torch
