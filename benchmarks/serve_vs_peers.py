@@ -726,7 +726,7 @@ def report(
         v = summary[name]
         s = v["rep"]["at_capacity"] or {}
         ratio = v["capacity"] / best_peer[1] if best_peer and best_peer[1] > 0 else None
-        rounds = " ".join(f"{c:.0f}" for c in v["rounds"])
+        rounds = " ".join(f"{c:.1f}" for c in v["rounds"])
         print(
             f"{name:<11} {v['capacity']:>8.1f}/s {rounds:>17} {fmt(s.get('p50_ms')):>7} {fmt(s.get('p99_ms')):>7} "
             f"{fmt(ratio, '.2f') + 'x':>13} {fmt(v['rep'].get('min_cosine'), '.5f'):>8}  {where_time_goes(v['rep'])}"
