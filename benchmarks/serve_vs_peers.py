@@ -25,10 +25,10 @@ of the best peer while keeping P99 latency <= the SLO (100 ms by default).
   Poisson arrivals (the same seeded arrival times for every server at a given rate), latency from the
   intended send time. Capacity: latencylab.load.capacity.find_capacity (double from ``--start-rate`` until a
   step fails, then bisect to ``--precision``), a step passes when P99 <= SLO, <= 1% shed/failed and the
-  generator kept time; a step lasts ``--step-duration`` s and at least ``--min-requests`` requests; the
-  steps run are the latency-vs-throughput curve. Before every step the server is drained (sequential
-  probes until one answers about as fast as on an idle server). A step whose sends were late (a frozen
-  vCPU; at a few requests/s one late send breaks the generator's 1% rule) is run again.
+  generator kept time; a step lasts ``--step-duration`` s and at least ``--min-requests`` requests (at
+  most 3 durations); the steps run are the latency-vs-throughput curve. Before every step the server is
+  drained (sequential probes until one answers about as fast as on an idle server). A step whose sends
+  were late (a frozen vCPU; at a few requests/s one late send breaks the generator's 1% rule) is run again.
 * Fairness on 2 cores: the generator shares the machine with the server, so the benchmark process runs at
   SCHED_FIFO priority 1 (servers as ordinary processes) to keep its sends on time; the server's whole
   process session is charged its CPU. Each server's search holds /tmp/latencylab-bench.lock (other
@@ -570,7 +570,8 @@ def search(
             busy0, self0 = machine_busy_s(), own_cpu_s()
             cfg = LoadConfig(
                 duration_s=args.step_duration,
-                min_requests=args.min_requests,
+                # ... but never longer than 3 step durations (a step at a very low rate would last minutes)
+                min_requests=min(args.min_requests, int(rate * args.step_duration * 3)),
                 timeout_s=args.request_timeout,
                 connections=16,
             )
@@ -764,8 +765,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--min-requests",
         type=int,
         default=None,
-        help="a step sends at least this many requests, past its duration if needed (default 100, quick 30): "
-        "a P99 needs samples",
+        help="a step sends at least this many requests, past its duration if needed but for at most 3 "
+        "durations (default 100, quick 30): a P99 needs samples",
     )
     ap.add_argument("--rounds", type=int, default=1, help="capacity searches per server, interleaved")
     ap.add_argument(

