@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch first and pinned: the CPU wheel (never a CUDA build, never torchvision).
+	# torch first and pinned: the CPU wheel (never a CUDA build, no vision add-on packages).
 	$(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e ".[all,dev]"
 	touch $(STAMP)
