@@ -21,7 +21,7 @@ class TextAdapter:
     """
 
     name = "text"
-    input_names = ("input_ids", "attention_mask")
+    input_names: tuple[str, ...] = ("input_ids", "attention_mask")
     output_kind = "embedding"
 
     def __init__(self, seq_len: int | None = 128, batch_size: int = 1, n_heldout: int = 64, n_calib: int = 32) -> None:
@@ -123,7 +123,7 @@ class VisionAdapter:
     """The digits CNN on preprocessed held-out JPEGs (output: (B, 10) logits; task metric: accuracy)."""
 
     name = "vision"
-    input_names = ("pixels",)
+    input_names: tuple[str, ...] = ("pixels",)
     output_kind = "logits"
 
     def __init__(self, batch_size: int = 1, res: int = 64) -> None:
@@ -168,9 +168,10 @@ class VisionAdapter:
 
         x = torch.from_numpy(self.heldout()[0]["pixels"])
         path.parent.mkdir(parents=True, exist_ok=True)
+        model = self.torch_model()  # outside inference_mode: with an empty cache this trains the model
         with torch.inference_mode():
             torch.onnx.export(
-                self.torch_model(), (x,), str(path), input_names=["pixels"], output_names=["logits"],
+                model, (x,), str(path), input_names=["pixels"], output_names=["logits"],
                 dynamic_axes={"pixels": {0: "batch"}, "logits": {0: "batch"}}, opset_version=opset, dynamo=False,
             )  # fmt: skip
         return path
