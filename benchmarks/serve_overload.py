@@ -41,8 +41,10 @@ Exit status 0 when every claim holds, 1 when one fails (the tables say which).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -171,6 +173,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 PID prints every thread's stack (a stuck run)
     if args.quick:
         args.duration = 15.0
         args.step_duration = 5.0
