@@ -215,28 +215,19 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
         return 0
 
     arrivals: ArrivalProcess | None
+    common: dict[str, Any] = {
+        "duration_s": duration,
+        "max_requests": args.max_requests,
+        "min_requests": args.min_requests,
+        "timeout_s": args.timeout,
+        "headers": headers,
+    }
     if args.concurrency:
-        cfg = LoadConfig(
-            mode="closed",
-            concurrency=args.concurrency,
-            duration_s=duration,
-            max_requests=args.max_requests,
-            min_requests=args.min_requests,
-            timeout_s=args.timeout,
-            connections=args.concurrency,
-            headers=headers,
-        )
+        cfg = LoadConfig(mode="closed", concurrency=args.concurrency, connections=args.concurrency, **common)
         arrivals = None
     else:
         arrivals = parse_arrivals(args.arrivals, args.seed) if args.arrivals else Poisson(args.rate or 10.0, args.seed)
-        cfg = LoadConfig(
-            duration_s=duration,
-            max_requests=args.max_requests,
-            min_requests=args.min_requests,
-            timeout_s=args.timeout,
-            connections=args.connections,
-            headers=headers,
-        )
+        cfg = LoadConfig(connections=args.connections, **common)
     abort_when = None
     if args.early_stop:
         if slo is None:
