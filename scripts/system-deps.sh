@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# System packages the test suite uses as real services: Prometheus (scrapes the server's /metrics in a test).
+# System packages the test suite uses as real services: Prometheus (scrapes the server's /metrics in a test) and
+# headless Chromium (renders the HTML report in a test).
 # Idempotent and quick when already installed; installs with apt-get when run as root, otherwise says what to run.
 set -u
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: installing ${missing[*]} (Debian packages)"

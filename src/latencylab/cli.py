@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="workload parameter")
     p.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--latency-budget", metavar="TOML", help="budget file: end-to-end deadline and stage allowances")
 
     ld = sub.add_parser("load", help="open-loop load test of an Open Inference Protocol endpoint")
     ld.add_argument("--url", required=True, help="http://127.0.0.1:PORT of the OIP v2 server")
@@ -159,6 +160,27 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--recipe", help="re-apply a recipe.json and measure it again")
     op.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     op.add_argument("--quiet", action="store_true")
+
+    dg = sub.add_parser("diagnose", help="findings with evidence from result files (profile, load, optimize, serve)")
+    dg.add_argument("results", nargs="*", metavar="RESULT.json", help="result files to examine")
+    dg.add_argument("--workload", choices=["text", "vision", "synthetic"], help="profile this workload first")
+    dg.add_argument("--deep", action="store_true", help="sandwich: slowest stage -> system metrics -> operators")
+    dg.add_argument("--roofline", action="store_true", help="place the forward pass on this machine's roofline")
+    dg.add_argument("--json", metavar="PATH", help="write the findings as JSON")
+    dg.add_argument("--quiet", action="store_true")
+
+    rp = sub.add_parser("report", help="one self-contained HTML report with plots and findings")
+    rp.add_argument("results", nargs="+", metavar="RESULT.json", help="profile / load / optimize / serve results")
+    rp.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
+    rp.add_argument("--latency-budget", metavar="TOML", help="budget file: mark the stage that breaks it")
+    rp.add_argument("--title", help="report title")
+
+    cp = sub.add_parser("compare", help="A/B comparison with significance; --fail-if gates for CI")
+    cp.add_argument("baseline", metavar="BASELINE.json")
+    cp.add_argument("candidate", metavar="CANDIDATE.json")
+    cp.add_argument("--fail-if", action="append", default=[], metavar="GATE", help='e.g. "p99>+5%%" (repeatable)')
+    cp.add_argument("--alpha", type=_fraction, default=0.05, help="significance level (default 0.05)")
+    cp.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
 
     e = sub.add_parser("env", help="environment fingerprint, lint and diff")
     e.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the fingerprint as JSON (- = stdout)")
@@ -251,10 +273,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
     render_profile(result, analysis, out)
     for w in lint(env):
         out.print(f"[yellow]env:[/yellow] {w.message} ({w.hint})")
+    budget_broken = False
+    if args.latency_budget:
+        from latencylab.budget import evaluate_budget, load_budget, render_budget_verdict
+
+        verdict = evaluate_budget(load_budget(args.latency_budget), result)
+        render_budget_verdict(verdict, out)
+        budget_broken = not verdict.ok
     if args.json:
         path = result.save(args.json)
         out.print(f"wrote {path}")
-    return 0
+    return 1 if budget_broken else 0
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -301,12 +330,33 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     return run_optimize_command(args, _stdout_console())
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from latencylab.diagnose.frontend import run_diagnose_command
+
+    return run_diagnose_command(args, _stdout_console())
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from latencylab.report.frontend import run_report_command
+
+    return run_report_command(args, _stdout_console())
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from latencylab.compare.frontend import run_compare_command
+
+    return run_compare_command(args, _stdout_console())
+
+
 COMMANDS: dict[str, Any] = {
     "profile": cmd_profile,
     "env": cmd_env,
     "load": cmd_load,
     "serve": cmd_serve,
     "optimize": cmd_optimize,
+    "diagnose": cmd_diagnose,
+    "report": cmd_report,
+    "compare": cmd_compare,
 }
 
 

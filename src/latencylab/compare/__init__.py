@@ -1,0 +1,1 @@
+"""A/B comparison of two result files with significance, and CI gates."""

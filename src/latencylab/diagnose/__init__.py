@@ -1,0 +1,1 @@
+"""Automatic findings with evidence: rules over result files, the sandwich method, the roofline."""
