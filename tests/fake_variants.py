@@ -18,9 +18,12 @@ class FakeVariant:
     inputs = (TensorSpec("X", "FP32", (-1, 4)),)
     outputs = (TensorSpec("Y", "FP32", (-1, 4)),)
 
-    def __init__(self, name: str, delay_s: float = 0.002, scale: float = 2.0, max_batch_size: int = 8) -> None:
+    def __init__(
+        self, name: str, delay_s: float = 0.002, scale: float = 2.0, max_batch_size: int = 8, pre_delay_s: float = 0.0
+    ) -> None:
         self.name = name
         self.delay_s = delay_s
+        self.pre_delay_s = pre_delay_s  # preprocess sleeps this long (like a JPEG decode)
         self.scale = scale
         self.max_batch_size = max_batch_size
         self.fail = False
@@ -28,6 +31,8 @@ class FakeVariant:
         self.batch_sizes: list[int] = []
 
     def preprocess(self, request: InferRequest) -> Any:
+        if self.pre_delay_s:
+            time.sleep(self.pre_delay_s)
         x = request.input("X").data
         if x.shape[0] < 1:
             raise ProtocolError("input 'X': need at least one row")
@@ -44,6 +49,14 @@ class FakeVariant:
 
     def postprocess(self, raw: Any, n: int) -> list[tuple[Tensor, ...]]:
         return [(Tensor("Y", "FP32", tuple(y.shape), y),) for y in raw]
+
+    def warmup_items(self, n: int) -> list[Any]:
+        out = []
+        for _ in range(n):
+            if self.pre_delay_s:
+                time.sleep(self.pre_delay_s)
+            out.append(np.ones((1, 4), dtype=np.float32))
+        return out
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         for _n in batch_sizes:

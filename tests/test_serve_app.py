@@ -245,3 +245,29 @@ def test_deadline_from_header_or_parameter() -> None:
         )
         bad = c.post("/v2/models/fake/infer", json=BODY, headers={"X-Latencylab-Deadline-Ms": "soon"})
         assert bad.status_code == 400 and "x-latencylab-deadline-ms" in bad.json()["error"]
+
+
+def test_admission_counts_the_preprocess_backlog() -> None:
+    """30 simultaneous requests with a 20 ms preprocess on 2 workers and a 70 ms deadline: only about 6 can be
+    preprocessed in time, so the rest must be shed at admission (503), not admitted to miss their deadline."""
+    variants = [FakeVariant("fp32", 0.002, pre_delay_s=0.02)]
+    cfg = ServerConfig(models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make"),))
+    state = build_state(cfg, {"fake": variants})
+    body = {**BODY, "parameters": {"deadline_ms": 70}}
+    with TestClient(lifespan_app(state)) as c:
+        assert state.services["fake"].pre_s >= 0.015  # seeded by warm-up
+        with concurrent.futures.ThreadPoolExecutor(30) as pool:
+            rs = list(pool.map(lambda _: c.post("/v2/models/fake/versions/fp32/infer", json=body), range(30)))
+    codes = [r.status_code for r in rs]
+    assert set(codes) <= {200, 503, 504}
+    assert codes.count(503) >= 15, codes  # the backlog is refused up front ...
+    assert codes.count(200) >= 2, codes
+    assert codes.count(504) <= 3, codes  # ... instead of timing out after it was admitted
+
+
+def test_answers_are_cached_only_with_a_cache_rung() -> None:
+    for ladder, expect in ((("fp32", "light"), 0), (("fp32", "light", "cache"), 1)):
+        c, _v, state = _server(ladder=ladder)
+        with c:
+            assert c.post("/v2/models/fake/infer", json=BODY).status_code == 200
+            assert len(state.services["fake"].cache) == expect

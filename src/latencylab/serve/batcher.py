@@ -5,9 +5,13 @@ it is full, when its oldest request has waited ``max_delay_s``, or when
 waiting any longer would make the earliest deadline in the queue miss: the
 release time is that deadline minus the predicted compute time of the batch
 (a per-batch-size latency model learned online from every batch run, seeded
-by warm-up). Requests whose predicted finish is past their deadline are
-refused at admission (``Shed("deadline")``) instead of timing out in the
-queue; a full queue refuses with ``Shed("queue_full")``. One batch runs at a
+by warm-up with compute alone). Requests whose predicted finish is past their
+deadline are refused at admission (``Shed("deadline")``) instead of timing
+out in the queue; admitted requests still preprocessing count as queued
+ahead of later ones (a reservation). At release, a request that can no
+longer finish by its deadline (release + predicted compute) fails fast
+(504) rather than spending compute on an answer that would come late; a
+full queue refuses with ``Shed("queue_full")``. One batch runs at a
 time on the variant's own compute thread, so a hung variant cannot block the
 other rungs of the ladder.
 """
@@ -121,6 +125,7 @@ class Batcher:
         self._last_arrival: int | None = None
         self._gap_s = 1.0  # EWMA of the time between arrivals
         self._busy_predicted = 0.0
+        self._reserved = 0  # admitted, still preprocessing: ahead of any later admission
         self._on_batch = on_batch
         self._on_depth = on_depth
         self._task: asyncio.Task[None] | None = None
@@ -131,18 +136,28 @@ class Batcher:
         return len(self._heap)
 
     def warmup(self, sizes: list[int]) -> None:
-        """Run each batch size (blocking) and seed the latency model with the timings."""
+        """Run each batch size (blocking) and seed the latency model with its compute time.
+
+        The model predicts forward + postprocess only (preprocess runs before queueing), so the seed
+        times exactly that, median of 3, on the variant's ``warmup_items`` when it has them; a variant
+        without them is charged half its warm-up time (which runs every stage twice)."""
+        items_fn = getattr(self.variant, "warmup_items", None)
         for size in sizes:
             if size > self.max_batch:
                 continue
             t0 = time.perf_counter()
             self.variant.warmup([size])
-            # warmup runs forward at least twice; charge the mean of the runs, roughly
-            self.model.observe(size, (time.perf_counter() - t0) / 2)
+            elapsed = time.perf_counter() - t0
+            if items_fn is None:
+                self.model.observe(size, elapsed / 2)
+                continue
+            items = items_fn(size)
+            runs = sorted(sum(self._compute(items)[1:3]) for _ in range(3))
+            self.model.observe(size, runs[1])
 
     def predicted_finish_ns(self, now: int) -> int:
         """When a request admitted now would be answered, if batches run back to back."""
-        n_ahead = len(self._heap)
+        n_ahead = len(self._heap) + self._reserved
         remaining = 0.0
         if self._busy_since is not None:
             elapsed = (now - self._busy_since) / 1e9
@@ -153,17 +168,28 @@ class Batcher:
         seconds = remaining + full_batches * self.model.predict(self.max_batch) + self.model.predict(own)
         return now + int(seconds * 1e9)
 
-    def admit(self, deadline_ns: int, now: int) -> None:
-        """Raise Shed if the request cannot be queued or cannot make its deadline."""
-        if len(self._heap) >= self.max_queue:
-            raise Shed("queue_full", max(0.1, self.model.predict(self.max_batch) * len(self._heap) / self.max_batch))
-        finish = self.predicted_finish_ns(now)
+    def admit(self, deadline_ns: int, now: int, lead_ns: int = 0) -> None:
+        """Reserve a place, or raise Shed if the request cannot be queued or cannot make its deadline.
+
+        ``lead_ns``: time the request still needs before it can be submitted (its expected preprocess,
+        including the wait for a preprocess worker). Every successful admit must be followed by exactly
+        one ``submit`` or ``unreserve``."""
+        depth = len(self._heap) + self._reserved
+        if depth >= self.max_queue:
+            raise Shed("queue_full", max(0.1, self.model.predict(self.max_batch) * depth / self.max_batch))
+        finish = self.predicted_finish_ns(now) + lead_ns
         if finish > deadline_ns:
             raise Shed("deadline", max(0.1, (finish - now) / 1e9))
+        self._reserved += 1
+
+    def unreserve(self) -> None:
+        """Give back an admission that will not be submitted (its preprocess failed)."""
+        self._reserved = max(0, self._reserved - 1)
 
     def submit(self, item: Any, deadline_ns: int) -> asyncio.Future[BatchOutcome]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[BatchOutcome] = loop.create_future()
+        self.unreserve()
         now = time.perf_counter_ns()
         if self._last_arrival is not None:
             self._gap_s += 0.1 * ((now - self._last_arrival) / 1e9 - self._gap_s)
@@ -241,14 +267,18 @@ class Batcher:
                     pass
             jobs = self._take()
             released = time.perf_counter_ns()
-            live = []
-            for job in jobs:
-                if job.future.done():  # the client went away or timed out
-                    continue
-                if job.deadline_ns < released:
-                    job.future.set_exception(DeadlineExceeded("deadline passed while queued"))
-                    continue
-                live.append(job)
+            live = [j for j in jobs if not j.future.done()]  # done: the client went away or timed out
+            # Fail fast whoever can no longer make it: the batch finishes at release + predicted compute,
+            # and dropping a late request shrinks the batch, so re-check until everyone left fits.
+            while live:
+                finish = released + int(self.model.predict(len(live)) * 1e9)
+                late = [j for j in live if j.deadline_ns < finish]
+                if not late:
+                    break
+                for job in late:
+                    why = "deadline passed while queued" if job.deadline_ns < released else "cannot finish by deadline"
+                    job.future.set_exception(DeadlineExceeded(why))
+                live = [j for j in live if j.deadline_ns >= finish]
             if not live:
                 continue
             self._busy_since = released

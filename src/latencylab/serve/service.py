@@ -69,6 +69,10 @@ class ModelService:
         self.guard = SloGuard(self.ladder, guard_cfg, on_alarm=self._alarm(on_alarm))
         self.batchers: list[Batcher] = []
         self.in_flight = 0
+        self.preprocessing = 0  # admitted requests in (or waiting for) the preprocess pool
+        self.pre_s = 0.0  # EWMA of one preprocess call
+        self.pool_workers = max(1, int(getattr(preprocess_pool, "_max_workers", 1)))
+        self.caching = "cache" in self.ladder  # only a ladder with a cache rung stores answers
         self._eval_task: asyncio.Task[None] | None = None
         self._shadows: set[asyncio.Task[None]] = set()
 
@@ -102,8 +106,17 @@ class ModelService:
             )
             t0 = time.perf_counter()
             b.warmup([s for s in sizes if s <= b.max_batch])
+            items_fn = getattr(v, "warmup_items", None)
+            if items_fn is not None and v is self.variants[0]:  # seed the preprocess estimate (median of 3)
+                runs = sorted(_timed(items_fn, 1)[0] for _ in range(3))
+                self.pre_s = runs[1]
             log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, time.perf_counter() - t0, b.model.by_size)
             self.batchers.append(b)
+
+    def preprocess_lead_ns(self) -> int:
+        """Expected time before a request admitted now is preprocessed: its wait for a worker plus its own."""
+        waves = 1 + self.preprocessing // self.pool_workers
+        return int(waves * self.pre_s * 1e9)
 
     def _on_batch(self, variant: str, size: int, reason: str) -> None:
         self.metrics.batches.labels(self.name, variant, reason).inc()
@@ -160,23 +173,27 @@ class ModelService:
             routed = False  # ... but its latency is not evidence about the rung it was routed to
         batcher = self.batchers[level]
         try:
-            batcher.admit(deadline_ns, now)
+            batcher.admit(deadline_ns, now, self.preprocess_lead_ns())
         except Shed as shed:
             self.metrics.shed.labels(self.name, shed.reason).inc()
             raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
         self.in_flight += 1
         self.metrics.in_flight.labels(self.name).set(self.in_flight)
         try:
-            loop = asyncio.get_running_loop()
             try:
-                item = await loop.run_in_executor(self.pool, batcher.variant.preprocess, request)
+                item = await self._preprocess(batcher.variant, request)
             except ProtocolError as exc:
+                batcher.unreserve()
                 raise ServiceError(exc.status, str(exc), kind="bad_input") from None
+            except BaseException:
+                batcher.unreserve()
+                raise
             timing.preprocessed = time.perf_counter_ns()
             fut = batcher.submit(item, deadline_ns)
             remaining = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
             try:
-                outcome = await asyncio.wait_for(asyncio.shield(fut), remaining + 0.05)
+                # the batcher answers (or fails fast) by the deadline; the margin only covers hand-over
+                outcome = await asyncio.wait_for(asyncio.shield(fut), remaining + 0.005)
             except TimeoutError:
                 fut.cancel()
                 self._penalise(level, routed, deadline_ms)
@@ -194,12 +211,25 @@ class ModelService:
             self.metrics.in_flight.labels(self.name).set(self.in_flight)
         timing.outcome = outcome
         variant = batcher.variant.name
-        if key is None:
-            key = self.cache.key(self.name, request)
-        self.cache.put(key, outcome.outputs, variant)
+        if self.caching:
+            if key is None:
+                key = self.cache.key(self.name, request)
+            self.cache.put(key, outcome.outputs, variant)
         params = {"producer": variant, "level": level, "batch_size": outcome.batch_size, "release": outcome.reason}
         self._served(level, timing, variant, routed)
         return InferResponse(self.name, variant, outcome.outputs, request.id, params), params
+
+    async def _preprocess(self, variant: Variant, request: InferRequest) -> Any:
+        """Preprocess in the pool, keeping the count and the per-call EWMA that admission uses."""
+        self.preprocessing += 1
+        try:
+            took, item = await asyncio.get_running_loop().run_in_executor(
+                self.pool, _timed, variant.preprocess, request
+            )
+        finally:
+            self.preprocessing -= 1
+        self.pre_s = took if self.pre_s == 0.0 else self.pre_s + 0.1 * (took - self.pre_s)
+        return item
 
     def _shadow(self, request: InferRequest, level: int, deadline_ms: float) -> None:
         if self.ladder[level] == "cache" or len(self._shadows) >= 16:  # bounded: probes must not pile up
@@ -212,14 +242,20 @@ class ModelService:
         start = time.perf_counter_ns()
         deadline_ns = start + int(deadline_ms * 1e6)
         batcher = self.batchers[level]
+        admitted = False
         try:
-            batcher.admit(deadline_ns, start)
-            item = await asyncio.get_running_loop().run_in_executor(self.pool, batcher.variant.preprocess, request)
+            batcher.admit(deadline_ns, start, self.preprocess_lead_ns())
+            admitted = True
+            item = await self._preprocess(batcher.variant, request)
             fut = batcher.submit(item, deadline_ns)
-            await asyncio.wait_for(asyncio.shield(fut), max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9) + 0.05)
+            admitted = False
+            await asyncio.wait_for(asyncio.shield(fut), max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9) + 0.005)
             latency = time.perf_counter_ns() - start
         except Exception:  # a probe that fails or cannot be admitted is a slow probe
             latency = int(deadline_ms * 1e6)
+        finally:
+            if admitted:  # admitted but never submitted: give the place back
+                batcher.unreserve()
         self.metrics.probes.labels(self.name, self.ladder[level]).inc()
         self.guard.observe(level, latency, probe=True)
 
@@ -236,3 +272,10 @@ class ModelService:
         if switch is not None:
             self.metrics.switch.labels(self.name, self.ladder[level]).observe(switch)
             log.warning("%s: first response from %s %.1f ms after the switch", self.name, producer, switch * 1e3)
+
+
+def _timed(fn: Any, arg: Any) -> tuple[float, Any]:
+    """(seconds ``fn(arg)`` took on the worker, its result): the wait for a worker is not counted."""
+    t0 = time.perf_counter()
+    out = fn(arg)
+    return time.perf_counter() - t0, out

@@ -352,13 +352,16 @@ class TextVariant:
             out.append((Tensor("EMBEDDING", "FP32", emb.shape, emb),))
         return out
 
+    def warmup_items(self, n: int) -> list[Any]:
+        """``n`` preprocessed items of a synthetic one-sentence request (for warm-up and compute timing)."""
+        request = InferRequest(self.model_name, None, (_bytes_tensor("TEXT", [_WARMUP_TEXT.encode()]),))
+        return [self.preprocess(request) for _ in range(n)]
+
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         """Run every stage twice at each batch size on a synthetic one-sentence request."""
-        request = InferRequest(self.model_name, None, (_bytes_tensor("TEXT", [_WARMUP_TEXT.encode()]),))
         for bs in _check_warmup_sizes(batch_sizes, self.max_batch_size):
             for _ in range(2):
-                items = [self.preprocess(request) for _ in range(bs)]
-                self.postprocess(self.forward(items), bs)
+                self.postprocess(self.forward(self.warmup_items(bs)), bs)
 
 
 def _load_text_base() -> tuple[Any, Any]:
@@ -524,13 +527,16 @@ class VisionVariant:
             out.append((Tensor("PROBABILITIES", "FP32", probs.shape, probs), Tensor("CLASS", "INT64", ids.shape, ids)))
         return out
 
+    def warmup_items(self, n: int) -> list[Any]:
+        """``n`` preprocessed items of a synthetic one-image request (for warm-up and compute timing)."""
+        request = InferRequest(self.model_name, None, (_bytes_tensor("IMAGE", [base64.b64encode(_synthetic_jpeg())]),))
+        return [self.preprocess(request) for _ in range(n)]
+
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         """Run every stage twice at each batch size on a synthetic one-image request (base64 JPEG)."""
-        request = InferRequest(self.model_name, None, (_bytes_tensor("IMAGE", [base64.b64encode(_synthetic_jpeg())]),))
         for bs in _check_warmup_sizes(batch_sizes, self.max_batch_size):
             for _ in range(2):
-                items = [self.preprocess(request) for _ in range(bs)]
-                self.postprocess(self.forward(items), bs)
+                self.postprocess(self.forward(self.warmup_items(bs)), bs)
 
 
 def _image_bytes(el: Any, i: int) -> bytes:
