@@ -1,0 +1,347 @@
+"""Two-sample statistics for ``latencylab compare``: pure functions, no I/O.
+
+Every sample set is held as a *binned sample* (:class:`Binned`): sorted
+distinct values and how many times each occurred. Raw profiler samples are
+binned exactly (one bin per distinct nanosecond value); an HDR histogram is
+already binned (one bin per occupied bucket, read at the bucket's top). The
+same code then serves both, so a load result (histograms, no raw samples) is
+tested the same way as a profile result.
+
+* **Quantiles** use the type-7 estimator of ``latencylab.stats`` (linear
+  interpolation between order statistics), evaluated on the binned sample.
+* **Bootstrap** (``bootstrap_deltas``): each side is resampled independently
+  B times with replacement; resampling n individuals is the same as drawing
+  bin counts from Multinomial(n, counts / n), which is what we do when there
+  are few bins (histograms), and otherwise we draw n indices. The
+  two-sided percentile interval of the B differences at confidence
+  1 - alpha is the CI; the difference is significant when the CI excludes 0.
+* **Mann-Whitney U** (``mann_whitney``) on binned data: midranks over the
+  pooled bins, normal approximation with the tie correction and a continuity
+  correction (as ``scipy.stats.mannwhitneyu(method="asymptotic")``). With
+  raw samples this is the ordinary test; with histograms every value in one
+  bucket is a tie, which the tie correction accounts for.
+* **Rates**: an error rate is compared with Fisher's exact test, a
+  throughput (successful requests per second) with the conditional binomial
+  test for two Poisson rates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+DEFAULT_BOOT = 1000
+EXACT_MAX_N = 20_000  # above this, raw samples are binned to COARSE_DIGITS significant digits first
+COARSE_DIGITS = 4
+_CHUNK = 2_000_000  # elements per bootstrap chunk (memory stays ~tens of MB)
+
+
+@dataclass(frozen=True, slots=True)
+class Binned:
+    """A sample as sorted distinct ``values`` with positive ``counts`` (``n`` = counts.sum())."""
+
+    values: FloatArray
+    counts: IntArray
+
+    def __post_init__(self) -> None:
+        if self.values.ndim != 1 or self.values.shape != self.counts.shape:
+            raise ValueError("values and counts must be one-dimensional and of equal length")
+        if self.values.size == 0:
+            raise ValueError("no samples")
+        if (self.counts <= 0).any() or (np.diff(self.values) <= 0).any():
+            raise ValueError("values must be strictly increasing and counts positive")
+
+    @property
+    def n(self) -> int:
+        return int(self.counts.sum())
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float] | npt.ArrayLike, coarsen_above: int = EXACT_MAX_N) -> Binned:
+        """Exact bins of raw samples; above ``coarsen_above`` samples, values are first rounded to
+        ``COARSE_DIGITS`` significant digits (a 0.01% change of value) so the bootstrap stays fast."""
+        arr = np.asarray(samples, dtype=np.float64).ravel()
+        if arr.size == 0:
+            raise ValueError("no samples")
+        if arr.size > coarsen_above:
+            arr = round_significant(arr, COARSE_DIGITS)
+        values, counts = np.unique(arr, return_counts=True)
+        return cls(values.astype(np.float64), counts.astype(np.int64))
+
+    @classmethod
+    def from_cdf(cls, points: Sequence[tuple[float, float]], total: int) -> Binned:
+        """Bins from ``LatencyHistogram.cdf()`` (bucket tops, cumulative fractions) and its count."""
+        if total <= 0 or not points:
+            raise ValueError("empty histogram")
+        tops = np.array([p[0] for p in points], dtype=np.float64)
+        cum = np.rint(np.array([p[1] for p in points], dtype=np.float64) * total).astype(np.int64)
+        counts = np.diff(np.r_[0, cum])
+        keep = counts > 0
+        return cls(tops[keep], counts[keep].astype(np.int64))
+
+
+def round_significant(x: FloatArray, digits: int) -> FloatArray:
+    """``x`` rounded to ``digits`` significant decimal digits (zeros stay zero)."""
+    out = np.array(x, dtype=np.float64)
+    nz = out != 0
+    mag = np.floor(np.log10(np.abs(out[nz])))
+    scale = 10.0 ** (digits - 1 - mag)
+    out[nz] = np.round(out[nz] * scale) / scale
+    return out
+
+
+# ------------------------------------------------------------------------------------------ estimators
+def _ranked(cum: IntArray, values: FloatArray, ranks: npt.ArrayLike) -> FloatArray:
+    """Value of each 0-based order statistic in ``ranks`` given cumulative bin counts."""
+    idx = np.searchsorted(cum, np.asarray(ranks), side="right")
+    return values[np.minimum(idx, values.size - 1)]
+
+
+def quantile(b: Binned, q: float) -> float:
+    """Type-7 quantile of the binned sample (linear interpolation between order statistics)."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile {q} is not a fraction in [0, 1]")
+    cum = np.cumsum(b.counts)
+    h = (b.n - 1) * q
+    lo = math.floor(h)
+    x0, x1 = _ranked(cum, b.values, [lo, min(lo + 1, b.n - 1)])
+    return float(x0 + (h - lo) * (x1 - x0))
+
+
+def mean(b: Binned) -> float:
+    return float(np.dot(b.values, b.counts) / b.n)
+
+
+# Statistic ids: a quantile fraction, or one of these names.
+STATISTICS: tuple[str, ...] = ("mean", "max")
+
+
+def statistic(b: Binned, stat: float | str) -> float:
+    """``stat`` is a quantile fraction, "mean" or "max"."""
+    if stat == "mean":
+        return mean(b)
+    if stat == "max":
+        return float(b.values[-1])
+    return quantile(b, float(stat))
+
+
+def _at_rank(values: FloatArray, flat_cum: IntArray, starts: IntArray, r: float) -> FloatArray:
+    """Per bootstrap row, the value of 0-based order statistic ``r`` (rows laid end to end in ``flat_cum``)."""
+    k = values.size
+    pos = np.searchsorted(flat_cum, starts + r, side="right")
+    return values[np.minimum(pos - np.arange(starts.size) * k, k - 1)]
+
+
+def _replicates(b: Binned, stats: Sequence[float | str], n_boot: int, rng: np.random.Generator) -> FloatArray:
+    """``stats`` over ``n_boot`` bootstrap resamples of ``b``: shape (n_boot, len(stats))."""
+    n, k = b.n, b.values.size
+    out = np.empty((n_boot, len(stats)))
+    multinomial = k * 8 < n  # few bins (a histogram): drawing bin counts is cheaper than drawing n indices
+    rows = max(1, _CHUNK // max(k if multinomial else n, 1))
+    p = b.counts / n
+    expand = np.repeat(np.arange(k), b.counts) if not multinomial and k < n else None
+    done = 0
+    while done < n_boot:
+        m = min(rows, n_boot - done)
+        if multinomial:
+            counts = rng.multinomial(n, p, size=m).astype(np.int64)
+        else:
+            idx = rng.integers(0, n, size=(m, n))
+            if expand is not None:  # ties: map a draw among the n individuals to its bin
+                idx = expand[idx]
+            flat = (idx + (np.arange(m) * k)[:, None]).ravel()
+            counts = np.bincount(flat, minlength=m * k).reshape(m, k).astype(np.int64)
+        cum = np.cumsum(counts, axis=1)
+        # One searchsorted over all rows: offset row r by r * (n + 1) so the flattened array stays sorted.
+        offset = (np.arange(m) * (n + 1))[:, None]
+        flat_cum = (cum + offset).ravel()
+        starts = offset[:, 0]
+
+        for j, s in enumerate(stats):
+            if s == "mean":
+                out[done : done + m, j] = counts @ b.values / n
+            elif s == "max":
+                out[done : done + m, j] = _at_rank(b.values, flat_cum, starts, n - 1)
+            else:
+                h = (n - 1) * float(s)
+                lo = math.floor(h)
+                x0, x1 = (
+                    _at_rank(b.values, flat_cum, starts, lo),
+                    _at_rank(b.values, flat_cum, starts, min(lo + 1, n - 1)),
+                )
+                out[done : done + m, j] = x0 + (h - lo) * (x1 - x0)
+        done += m
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class BootDelta:
+    """Bootstrap inference on ``candidate - baseline`` for one statistic.
+
+    ``ci_*`` bound the difference, ``rel_ci_*`` the relative difference
+    (candidate / baseline - 1, from the same replicates), both two-sided at
+    ``confidence``. ``p_value`` is the two-sided bootstrap p-value,
+    2 min(P*(delta <= 0), P*(delta >= 0)) capped at 1: below alpha exactly
+    when the (1 - alpha) percentile interval excludes 0 (up to ties at 0).
+    """
+
+    baseline: float
+    candidate: float
+    ci_low: float
+    ci_high: float
+    rel_ci_low: float | None
+    rel_ci_high: float | None
+    p_value: float
+    confidence: float
+
+    @property
+    def diff(self) -> float:
+        return self.candidate - self.baseline
+
+    @property
+    def rel(self) -> float | None:
+        return None if self.baseline == 0 else self.diff / self.baseline
+
+    @property
+    def significant(self) -> bool:
+        return self.ci_low > 0 or self.ci_high < 0
+
+
+def bootstrap_deltas(
+    baseline: Binned,
+    candidate: Binned,
+    stats: Sequence[float | str],
+    alpha: float = 0.05,
+    n_boot: int = DEFAULT_BOOT,
+    seed: int = 0,
+) -> list[BootDelta]:
+    """Percentile-bootstrap CIs of ``stat(candidate) - stat(baseline)`` for each statistic (see module doc)."""
+    if not 0 < alpha < 1:
+        raise ValueError("alpha must be in (0, 1)")
+    rng = np.random.default_rng(seed)
+    ra = _replicates(baseline, stats, n_boot, rng)
+    rb = _replicates(candidate, stats, n_boot, rng)
+    d = rb - ra
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(ra > 0, rb / ra - 1.0, np.nan)
+    out = []
+    for j, s in enumerate(stats):
+        lo, hi = np.quantile(d[:, j], [alpha / 2, 1 - alpha / 2])
+        p = min(1.0, 2.0 * min(float(np.mean(d[:, j] <= 0)), float(np.mean(d[:, j] >= 0))))
+        rj = rel[:, j]
+        rel_lo: float | None = None
+        rel_hi: float | None = None
+        if np.isfinite(rj).all():
+            rl, rh = np.quantile(rj, [alpha / 2, 1 - alpha / 2])
+            rel_lo, rel_hi = float(rl), float(rh)
+        out.append(
+            BootDelta(
+                statistic(baseline, s),
+                statistic(candidate, s),
+                float(lo),
+                float(hi),
+                rel_lo,
+                rel_hi,
+                p,
+                1.0 - alpha,
+            )
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------ rank test
+@dataclass(frozen=True, slots=True)
+class RankTest:
+    """Mann-Whitney U for ``candidate`` vs ``baseline``.
+
+    ``u`` is the candidate's U statistic, ``prob_greater`` = U / (n_a n_b) =
+    P(candidate > baseline) + P(tie) / 2 (0.5: neither tends to be larger),
+    ``z`` the tie- and continuity-corrected normal score and ``p_value``
+    its two-sided p-value.
+    """
+
+    u: float
+    z: float
+    p_value: float
+    prob_greater: float
+
+
+def mann_whitney(baseline: Binned, candidate: Binned) -> RankTest:
+    """Two-sided Mann-Whitney U test on binned samples (see module doc)."""
+    from scipy.stats import norm
+
+    values = np.union1d(baseline.values, candidate.values)
+    ca = np.zeros(values.size)
+    cb = np.zeros(values.size)
+    ca[np.searchsorted(values, baseline.values)] = baseline.counts
+    cb[np.searchsorted(values, candidate.values)] = candidate.counts
+    na, nb = float(baseline.n), float(candidate.n)
+    big_n = na + nb
+    t = ca + cb
+    before = np.cumsum(t) - t
+    midrank = before + (t + 1.0) / 2.0
+    u = float(np.dot(cb, midrank) - nb * (nb + 1.0) / 2.0)
+    mu = na * nb / 2.0
+    ties = float(np.sum(t**3 - t))
+    var = na * nb / 12.0 * ((big_n + 1.0) - ties / (big_n * (big_n - 1.0))) if big_n > 1 else 0.0
+    if var <= 0:
+        return RankTest(u, 0.0, 1.0, u / (na * nb))
+    dev = u - mu
+    z = (dev - math.copysign(0.5, dev)) / math.sqrt(var) if abs(dev) > 0.5 else 0.0
+    p = min(1.0, 2.0 * float(norm.sf(abs(z))))
+    return RankTest(u, z, p, u / (na * nb))
+
+
+# ------------------------------------------------------------------------------------------ rates
+def error_rate_test(bad_a: int, n_a: int, bad_b: int, n_b: int) -> float:
+    """Two-sided p-value of Fisher's exact test that two error proportions are equal."""
+    from scipy.stats import fisher_exact
+
+    if n_a <= 0 or n_b <= 0:
+        return 1.0
+    _, p = fisher_exact([[bad_a, n_a - bad_a], [bad_b, n_b - bad_b]])
+    return float(min(1.0, p))
+
+
+def poisson_rate_test(k_a: int, t_a: float, k_b: int, t_b: float) -> float:
+    """Two-sided p-value that two Poisson rates (k events over t seconds) are equal.
+
+    Conditional test: given k_a + k_b events, k_b ~ Binomial(k_a + k_b,
+    t_b / (t_a + t_b)) under equal rates. Arrivals that are more regular
+    than Poisson (a constant-rate generator) make it conservative.
+    """
+    from scipy.stats import binomtest
+
+    k = k_a + k_b
+    if k == 0 or t_a <= 0 or t_b <= 0:
+        return 1.0
+    return float(binomtest(k_b, k, t_b / (t_a + t_b)).pvalue)
+
+
+def exceedance_test(baseline: Binned, candidate: Binned) -> float:
+    """Two-sided p-value that the larger maximum is not just chance (exact, distribution-free).
+
+    Under "both samples come from one distribution" every arrangement of the
+    pooled sample is equally likely, so the chance that the k largest values
+    all belong to the sample with the larger maximum (n_1 of N values) is
+    C(n_1, k) / C(N, k); k counts that sample's values above the other's
+    maximum. A single outlier never reaches significance (p ~ 1 at equal
+    sizes); about five values beyond the other run's maximum do (p ~ 0.06 at
+    k = 5, 0.03 at k = 6 for equal sizes).
+    """
+    if candidate.values[-1] == baseline.values[-1]:
+        return 1.0
+    hi, lo = (candidate, baseline) if candidate.values[-1] > baseline.values[-1] else (baseline, candidate)
+    k = int(hi.counts[hi.values > lo.values[-1]].sum())
+    n1, big_n = hi.n, hi.n + lo.n
+
+    def log_comb(n: int, r: int) -> float:
+        return math.lgamma(n + 1) - math.lgamma(r + 1) - math.lgamma(n - r + 1)
+
+    return min(1.0, 2.0 * math.exp(log_comb(n1, k) - log_comb(big_n, k)))
