@@ -47,7 +47,10 @@ class Pipeline:
     ``device`` says where the pipeline's tensors live ("cpu", "cuda", "cuda:1");
     the profiler picks a device-correct clock from it. ``metadata`` is recorded
     verbatim in results (model name, batch size, sequence lengths...).
-    ``close`` is called once when profiling ends.
+    ``close`` is called once when profiling ends. ``probe(i)``, if set, is
+    called after iteration ``i`` (outside the timed region) and returns small
+    JSON-safe facts about it (input shape, compile events...); the profiler
+    stores them per timed iteration in ``ProfileResult.iteration_meta``.
     """
 
     name: str
@@ -56,6 +59,7 @@ class Pipeline:
     device: str = "cpu"
     metadata: dict[str, Any] = field(default_factory=dict)
     close: Callable[[], None] | None = None
+    probe: Callable[[int], Mapping[str, Any]] | None = None
 
     def stage(self, name: str, fn: Callable[[Any], Any], kind: str = "other") -> Pipeline:
         """Append a stage; returns the pipeline so calls can chain."""

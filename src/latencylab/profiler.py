@@ -21,7 +21,7 @@ Stopping rules (ProfileConfig):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -179,10 +179,14 @@ def profile(
     mark = clk.mark
     resolve = clk.resolve
 
+    probe = pipeline.probe
     for i in range(cfg.warmup):
         x = source(i)
         for fn in fns:
             x = fn(x)
+        if probe is not None:
+            probe(i)  # warm-up facts are discarded, but the probe sees every iteration
+    metas: list[Mapping[str, Any]] = []
 
     # Hot loop: one mark per boundary, one list append per iteration; differences
     # are taken afterwards with numpy.
@@ -205,6 +209,8 @@ def profile(
             x = fn(x)
             marks.append(mark())
         rows.append(resolve(marks))
+        if probe is not None:
+            metas.append(probe(cfg.warmup + n))
         n += 1
         if n >= stopper.next_check:
             now = host()
@@ -237,4 +243,13 @@ def profile(
         stop_reason=reason,
         warmup_iterations=cfg.warmup,
         wall_time_s=wall,
+        iteration_meta=_columns(metas),
     )
+
+
+def _columns(metas: list[Mapping[str, Any]]) -> dict[str, tuple[Any, ...]]:
+    """Per-iteration probe dicts -> key -> one value per iteration (None where an iteration lacked the key)."""
+    keys: dict[str, None] = {}
+    for m in metas:
+        keys.update(dict.fromkeys(m))
+    return {k: tuple(m.get(k) for m in metas) for k in keys}

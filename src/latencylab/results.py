@@ -45,6 +45,11 @@ class ProfileResult:
     ``iteration_start_ns[i]`` is when timed iteration i began, relative to the
     first timed iteration (host clock). End-to-end latency of iteration i is
     the sum of its stage durations, which equals last-mark minus first-mark.
+
+    ``iteration_meta`` (optional, columnar) holds per-iteration facts a
+    pipeline reports through ``Pipeline.probe``: key -> one JSON value per
+    iteration (e.g. "shape" -> [[1, 23], [1, 9], ...], "compiles" -> [0, 1, ...]).
+    Empty when the pipeline has no probe; files without it read as empty.
     """
 
     workload: str
@@ -60,6 +65,7 @@ class ProfileResult:
     created_at: str = field(default_factory=utc_now)
     schema_version: int = SCHEMA_VERSION
     kind: str = "profile"
+    iteration_meta: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -67,6 +73,8 @@ class ProfileResult:
         n = len(self.stages[0].samples_ns)
         if any(len(s.samples_ns) != n for s in self.stages) or len(self.iteration_start_ns) != n:
             raise LatencyLabError("every stage must have one sample per iteration")
+        if any(len(v) != n for v in self.iteration_meta.values()):
+            raise LatencyLabError("every iteration_meta column must have one value per iteration")
 
     @property
     def n(self) -> int:
@@ -109,6 +117,8 @@ class ProfileResult:
                 "stages": [{"name": s.name, "kind": s.kind, "samples_ns": list(s.samples_ns)} for s in self.stages],
             }
         )
+        if self.iteration_meta:
+            d["iteration_meta"] = {k: list(v) for k, v in self.iteration_meta.items()}
         return d
 
     @classmethod
@@ -135,6 +145,7 @@ class ProfileResult:
                 wall_time_s=float(d["wall_time_s"]),
                 created_at=str(d["created_at"]),
                 schema_version=int(version),
+                iteration_meta={str(k): tuple(v) for k, v in (d.get("iteration_meta") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise LatencyLabError(f"malformed profile result: {exc!r}") from exc

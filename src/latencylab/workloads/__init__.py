@@ -47,6 +47,7 @@ BUILTIN: dict[str, str] = {
     "text": "latencylab.workloads.text",
     "vision": "latencylab.workloads.vision",
     "synthetic": "latencylab.workloads.synthetic",
+    "compiled": "latencylab.workloads.compiled",
     "onnx": "latencylab.workloads.onnx_model",
 }
 

@@ -120,10 +120,18 @@ def build(opts: WorkloadOptions) -> Pipeline:
         return emb.cpu().numpy()
 
     lengths = [len(ids) for ids in tok(list(texts), truncation=True, max_length=max_length)["input_ids"]]
+
+    def probe(i: int) -> dict[str, Any]:
+        """The iteration's real token lengths and the padded shape the encoder ran on (from the corpus, untimed)."""
+        start = (i * bs) % len(texts)
+        lens = [lengths[(start + j) % len(texts)] for j in range(bs)]
+        return {"shape": [bs, max(lens) if padding == "longest" else max_length], "lengths": lens}
+
     pipe = Pipeline(
         "text",
         source=source,
         device=device,
+        probe=probe,
         metadata={
             "model": MODEL_NAME,
             "weights": str(model_dir()),

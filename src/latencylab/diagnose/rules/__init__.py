@@ -1,0 +1,27 @@
+"""The rule registry: every rule is ``(results: Sequence[LoadedResult]) -> list[Finding]``.
+
+One small module per rule (or per family of closely related rules); add a rule by adding its function
+here. ``latencylab.diagnose.engine.diagnose_results`` runs them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from latencylab.diagnose.rules import batching, environment, periodic, preprocess, shapes, spikes, transfer, variants
+from latencylab.diagnose.types import Finding, LoadedResult
+
+Rule = Callable[[Sequence[LoadedResult]], list[Finding]]
+
+RULES: dict[str, Rule] = {
+    "preprocess-dominates": preprocess.rule,
+    "spikes": spikes.rule,  # latency-jump, stall, recompilation
+    "periodic-swings": periodic.rule,
+    "shape-variance": shapes.rule,
+    "batch-non-monotonic": batching.rule,
+    "transfer-blocking": transfer.rule,
+    "environment": environment.rule,  # thread-oversubscription, noisy-environment
+    "variants": variants.rule,  # int8-slower, prune-no-faster
+}
+
+__all__ = ["RULES", "Rule"]
