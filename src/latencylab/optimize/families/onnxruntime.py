@@ -86,17 +86,43 @@ def _onnx() -> Any:
 # ------------------------------------------------------------------ runner
 
 
+SHAPE_POLICIES = ("padded", "exact")
+
+
+def trim_padding(feed: Mapping[str, np.ndarray], mask_name: str = "attention_mask") -> dict[str, np.ndarray]:
+    """The feed cut to the last sequence position any row's mask attends to (right padding removed)."""
+    mask = feed.get(mask_name)
+    if mask is None or mask.ndim != 2:
+        return dict(feed)
+    cols = np.flatnonzero(mask.any(axis=0))
+    keep = int(cols[-1]) + 1 if cols.size else 1
+    if keep == mask.shape[1]:
+        return dict(feed)
+    return {n: (a[:, :keep] if a.ndim >= 2 and a.shape[:2] == mask.shape else a) for n, a in feed.items()}
+
+
 class OrtRunner:
     """One ``InferenceSession`` on the CPU provider: ``threads`` intra-op threads, one inter-op, sequential.
 
     ``run(feed)`` passes the session's inputs from the feed and returns the first output as float32.
+    ``shape_policy="exact"`` trims right padding first: every input shaped like ``attention_mask`` is cut to
+    the last position any row attends to (mask-preserving, so the output is the padded run's up to float
+    rounding; the work on padding tokens is not done).
     ``stats`` describes the built artifact (file, size, fusions, excluded nodes ...) for the search's record.
     """
 
     def __init__(
-        self, path: Path, threads: int = 1, graph_optimization: str = "all", stats: dict[str, Any] | None = None
+        self,
+        path: Path,
+        threads: int = 1,
+        graph_optimization: str = "all",
+        stats: dict[str, Any] | None = None,
+        shape_policy: str = "padded",
     ) -> None:
         ort = _ort()
+        if shape_policy not in SHAPE_POLICIES:
+            raise LatencyLabError(f"unknown shape policy {shape_policy!r}; one of {SHAPE_POLICIES}")
+        self.trim = shape_policy == "exact"
         if graph_optimization not in _GRAPH_LEVELS:
             raise LatencyLabError(f"unknown graph optimisation level {graph_optimization!r}; one of {_GRAPH_LEVELS}")
         so = ort.SessionOptions()
@@ -123,6 +149,8 @@ class OrtRunner:
             raise LatencyLabError(
                 f"feed has no input {exc.args[0]!r}; the model wants {list(self.input_names)}"
             ) from exc
+        if self.trim:
+            inputs = trim_padding(inputs)
         out = self.session.run([self.output_name], inputs)[0]
         return np.asarray(out, dtype=np.float32)
 
@@ -709,7 +737,8 @@ def build_runner(ctx: BuildContext, params: Mapping[str, Any], name: str = "ort"
         stats.update(extra)
         q = params.get("quantization")
         path = _quantise(ctx, src, q, stats) if q else src
-        return OrtRunner(path, ctx.threads, str(params.get("graph_optimization", "all")), stats)
+        policy = str(params.get("shape_policy", "padded"))
+        return OrtRunner(path, ctx.threads, str(params.get("graph_optimization", "all")), stats, policy)
     except MissingDependencyError:
         raise
     except Exception as exc:
@@ -727,6 +756,8 @@ def _skip(params: Mapping[str, Any]) -> Callable[[BuildContext], str | None]:
             return f"CPU execution provider only (device is {ctx.device})"
         if params.get("source") == "fused" and params.get("fusion") is None and _transformer(ctx) is None:
             return NOT_A_TRANSFORMER
+        if params.get("shape_policy") == "exact" and "attention_mask" not in ctx.adapter.input_names:
+            return "shape policy 'exact' trims padding by the attention mask: this model has none"
         q = params.get("quantization") or {}
         if q.get("mode") == "static" and not ctx.adapter.calibration():
             return "no calibration feeds"
@@ -837,6 +868,30 @@ def candidates(ctx: BuildContext) -> list[Candidate]:
             "int8-dynamic",
             {**_recipe(_dyn()), **fused},
             "defaults on the fused graph (QAttention, fused LayerNorm/GELU)",
+        ),
+        (
+            "ort-int8-dynamic-fused-perchannel",
+            "int8-dynamic",
+            {**_recipe(_dyn(per_channel=True)), **fused},
+            "fused graph, QInt8 weights per channel (the fused kernels' speed with per-channel accuracy)",
+        ),
+        (
+            "ort-int8-dynamic-fused-u8u8",
+            "int8-dynamic",
+            {**_recipe(_dyn(weight_type="QUInt8")), **fused},
+            "fused graph, QUInt8 weights (no int16 saturation on AVX2)",
+        ),
+        (
+            "ort-fp32-exact",
+            "shape",
+            {**_recipe(), "shape_policy": "exact"},
+            "FP32 on each input's real length: right padding trimmed by the attention mask (no work on padding)",
+        ),
+        (
+            "ort-int8-dynamic-perchannel-exact",
+            "shape",
+            {**_recipe(_dyn(per_channel=True)), "shape_policy": "exact"},
+            "per-channel dynamic INT8 on each input's real length (padding trimmed by the attention mask)",
         ),
         (
             "ort-int8-dynamic-fused-reducerange",
