@@ -98,7 +98,7 @@ def rule(results: Sequence[LoadedResult]) -> list[Finding]:
             over[key][1].append(r.source)
         bad = [w for w in warnings if w.code in NOISY]
         if bad:
-            key = "|".join(sorted(w.message for w in bad))
+            key = "|".join(sorted(w.code for w in bad))
             if key not in noisy:
                 order = ("critical", "warning", "info")
                 sev = min((NOISY[w.code] for w in bad), key=order.index)

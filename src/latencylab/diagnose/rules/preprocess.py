@@ -55,8 +55,11 @@ def rule(results: Sequence[LoadedResult]) -> list[Finding]:
         names = " + ".join(s.name for s in data)
         verb = "is" if len(data) == 1 else "are"
         parts = ", ".join(f"{s.name} {shares[s.name]:.0%}" for s in data)
-        title = f"{names} {verb} {data_share:.0%} of end-to-end time ({parts}); top stage: {top.name}"
         fwd = sum(shares[s.name] for s in prof.stages if s.kind == "forward")
+        title = (
+            f"data path {names} {verb} {data_share:.0%} of end-to-end time ({parts}; forward {fwd:.0%}); "
+            f"largest single stage: {top.name} {shares[top.name]:.0%}"
+        )
         ev = [
             Evidence("top stage", f"{top.name} ({top.kind})"),
             Evidence(f"{top.name} share", pct(shares[top.name]), "%"),
