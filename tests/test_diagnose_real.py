@@ -1,0 +1,85 @@
+"""diagnose on real runs: the vision workload's data path, a real torch.compile recompilation, --deep.
+
+No mocks: each test profiles a real workload on this machine. Marked slow (tens of seconds each).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from latencylab.cli import main
+from latencylab.diagnose.types import Finding
+
+pytestmark = pytest.mark.slow
+
+
+def _findings(path: Path) -> list[Finding]:
+    doc = json.loads(path.read_text())
+    assert doc["kind"] == "diagnose" and doc["schema_version"] == 1
+    return [Finding.from_dict(d) for d in doc["findings"]]
+
+
+def test_vision_names_decode_and_preprocess(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "d.json"
+    assert main(["diagnose", "--workload", "vision", "--quiet", "--json", str(out)]) == 0
+    fs = _findings(out)
+    pre = [f for f in fs if f.rule == "preprocess-dominates"]
+    assert len(pre) == 1, [f.title for f in fs]
+    f = pre[0]
+    assert f.source == "live run (vision)"
+    assert f.title.startswith("data path decode + preprocess are") or f.title.startswith(
+        "data path preprocess + decode are"
+    )
+    shares = f.details["shares"]
+    assert f.details["data_share"] == pytest.approx(shares["decode"] + shares["preprocess"], abs=1e-6)
+    assert f.details["data_share"] >= 0.35
+    assert "nvJPEG" in f.recommendation  # the decode remedy
+    assert "data path" in capsys.readouterr().out
+
+
+def test_torch_compile_recompilation_found(tmp_path: Path) -> None:
+    from latencylab.profiler import ProfileConfig, profile
+    from latencylab.workloads import WorkloadOptions, build_workload
+
+    warmup = 5
+    pipe = build_workload(
+        "compiled",
+        WorkloadOptions(params={"offset": str(warmup), "shapes": "16@0,32@150,48@300", "backend": "inductor"}),
+    )
+    result = profile(pipe, ProfileConfig(warmup=warmup, iterations=450, threads=1))
+    assert [i for i, c in enumerate(result.iteration_meta["compiles"]) if c] == [150, 300]
+    src = result.save(tmp_path / "compiled.json")
+    out = tmp_path / "d.json"
+    assert main(["diagnose", str(src), "--json", str(out)]) == 0
+    rec = [f for f in _findings(out) if f.rule == "recompilation"]
+    assert [f.title.split(":")[0] for f in rec] == [
+        "recompiled at iteration 150 (shape (1, 32, 32))",
+        "recompiled at iteration 300 (shape (1, 48, 32))",
+    ]
+    for f, at in zip(rec, (150, 300), strict=True):
+        assert f.severity == "critical" and f.details["spike"]["start"] == at  # found by spike detection
+        assert f.details["spike"]["ratio"] > 10
+        labels = {e.label: e.value for e in f.evidence}
+        assert str(labels["stage that grew most"]).startswith("forward")
+
+
+def test_deep_returns_top_operators(tmp_path: Path) -> None:
+    out = tmp_path / "d.json"
+    assert main(["diagnose", "--workload", "text", "--deep", "--quiet", "--json", str(out)]) == 0
+    fs = {f.rule: f for f in _findings(out)}
+    stage = fs["sandwich-stage"]
+    assert stage.details["stage"] == "forward"  # MiniLM's encoder dominates the text pipeline
+    system = fs["sandwich-system"]
+    assert system.details["samples"] >= 5 and len(system.details["cpu_mean_per_core"]) >= 1
+    ops = fs["sandwich-operators"]
+    assert ops.details["method"] == "torch.profiler"
+    names = [o["name"] for o in ops.details["operators"]]
+    assert len(names) >= 3 and all(n.startswith("aten::") for n in names[:3])
+    assert any(
+        n in names
+        for n in ("aten::addmm", "aten::mm", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
+    )
+    assert sum(o["share"] for o in ops.details["operators"]) > 0.3
