@@ -1,0 +1,277 @@
+"""The roofline: ISA theory, roofline arithmetic, FLOP/byte counts, measured peaks + cache, findings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from latencylab.diagnose.types import LoadedResult
+from latencylab.roofline import model as rmodel
+from latencylab.roofline.model import LeverContext, attainable_gflops, place, ridge_point
+from latencylab.roofline.theory import (
+    CpuInfo,
+    choose_clock,
+    core_throughput,
+    parse_cpuinfo,
+    theoretical_peaks,
+)
+
+AMD, INTEL = "AuthenticAMD", "GenuineIntel"
+AVX2 = {"sse", "sse2", "avx", "fma", "avx2", "clwb"}
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+
+# ------------------------------------------------------------------------------------------ theory (pure)
+
+
+@pytest.mark.parametrize(
+    ("vendor", "family", "flags", "fp32", "int8", "bf16"),
+    [
+        (AMD, 25, AVX2, 32, 64, None),  # Zen 3 (this machine): 2 x 256-bit FMA, vpmaddubsw, no BF16
+        (AMD, 23, AVX2 - {"clwb"}, 16, 32, None),  # Zen 1: 256-bit ops split over 2 x 128-bit pipes
+        (AMD, 23, AVX2, 32, 64, None),  # Zen 2
+        (AMD, 25, AVX512 | {"avx512_vnni", "avx512_bf16"}, 32, 128, 64),  # Zen 4: AVX-512 double-pumped
+        (AMD, 26, AVX512 | {"avx512_vnni", "avx512_bf16"}, 64, 256, 128),  # Zen 5: full 512-bit
+        (INTEL, 6, AVX2, 32, 64, None),  # Haswell .. Comet Lake
+        (INTEL, 6, AVX512, 64, 128, None),  # Skylake-SP: 2 x 512-bit FMA, no VNNI
+        (INTEL, 6, AVX512 | {"avx512_vnni"}, 64, 256, None),  # Cascade Lake
+        (INTEL, 6, AVX512 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}, 64, 2048, 1024),
+        (INTEL, 6, AVX2 | {"avx_vnni"}, 32, 128, None),  # Alder Lake P-core without AVX-512
+        (INTEL, 6, {"sse", "sse2", "avx"}, 16, None, None),  # Sandy Bridge: AVX, no FMA
+    ],
+)
+def test_core_throughput_from_flags(
+    vendor: str, family: int, flags: set[str], fp32: float, int8: float | None, bf16: float | None
+) -> None:
+    tp = core_throughput(vendor, family, flags)
+    assert (tp.fp32, tp.int8, tp.bf16) == (fp32, int8, bf16)
+    assert tp.isa["bf16"] == "none" if bf16 is None else tp.isa["bf16"] != "none"
+    assert tp.assumptions  # every figure says what it assumed
+
+
+def _cpu(flags: set[str], clock: float | None = 3.0, cores: int = 2) -> CpuInfo:
+    return CpuInfo(AMD, 25, 1, "AMD EPYC", frozenset(flags), cores, clock, "given")
+
+
+def test_theoretical_peaks_scale_with_clock_and_cores() -> None:
+    th = theoretical_peaks(_cpu(AVX2, 3.0, 2))
+    assert th["fp32"].gflops(1) == pytest.approx(96.0)  # 32 FLOP/cycle x 3 GHz
+    assert th["fp32"].gflops(2) == pytest.approx(192.0)
+    assert th["fp32"].gflops(16) == pytest.approx(192.0)  # capped at the core count
+    assert th["int8"].gflops(1) == pytest.approx(192.0)
+    assert th["bf16"].gflops(1) is None and th["bf16"].isa == "none"
+    assert theoretical_peaks(_cpu(AVX2, None))["fp32"].gflops(1) is None  # no clock: no peak
+
+
+def test_choose_clock_prefers_cpufreq_then_a_measured_boost() -> None:
+    assert choose_clock(2.0, 3.5, 3.1, 2.45) == (2.0, "given")
+    assert choose_clock(None, 3.5, 3.1, 2.45) == (3.5, "cpufreq max")
+    assert choose_clock(None, None, 3.1, 2.45) == (3.1, "measured")
+    assert choose_clock(None, None, 2.3, 2.45) == (2.45, "cpuinfo MHz (nominal)")  # never below nominal
+    assert choose_clock(None, None, None, None) == (None, "cpuinfo MHz (nominal)")
+
+
+def test_parse_cpuinfo_reads_the_first_block() -> None:
+    text = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nflags\t\t: fma avx2\n\nprocessor\t: 1\n"
+    info = parse_cpuinfo(text)
+    assert info["vendor_id"] == "AuthenticAMD" and info["cpu family"] == "25" and info["flags"] == "fma avx2"
+    assert info["processor"] == "0"
+
+
+# ------------------------------------------------------------------------------------------ roofline (pure)
+
+
+def test_attainable_and_ridge() -> None:
+    assert attainable_gflops(100.0, 20.0, 2.0) == 40.0  # memory roof: 20 GB/s x 2 FLOP/B
+    assert attainable_gflops(100.0, 20.0, 10.0) == 100.0  # compute roof
+    assert ridge_point(100.0, 20.0) == 5.0
+
+
+def test_place_memory_bound_point() -> None:
+    # 1 GFLOP over 500 MB (2 FLOP/B) in 50 ms: 20 GFLOP/s achieved of min(100, 20 x 2) = 40 attainable
+    p = place("x", "fp32", 1e9, 5e8, 0.05, 100.0, 20.0, context=LeverContext(weight_bytes=4e8))
+    assert p.achieved_gflops == pytest.approx(20.0)
+    assert p.intensity == pytest.approx(2.0)
+    assert p.attainable_gflops == pytest.approx(40.0)
+    assert p.pct_of_attainable == pytest.approx(0.5)
+    assert p.bound == "memory"
+    assert p.lever == "precision"  # weights are 80% of the bytes and still FP32
+    q = place("x", "int8", 1e9, 5e8, 0.05, 100.0, 20.0, context=LeverContext(weight_bytes=4e8))
+    assert q.lever == "batching"  # already 1 byte per weight: reuse each read instead
+    r = place("x", "fp32", 1e9, 5e8, 0.05, 100.0, 20.0, context=LeverContext(weight_bytes=1e8))
+    assert r.lever == "fusion"  # activations dominate
+    assert rmodel.RooflinePoint.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+
+
+def test_place_compute_bound_point_and_levers() -> None:
+    # 10 GFLOP over 100 MB (100 FLOP/B) in 125 ms: 80 of 100 GFLOP/s attainable (compute roof)
+    p = place("x", "fp32", 1e10, 1e8, 0.125, 100.0, 20.0, threads=2, theoretical_gflops=160.0)
+    assert (p.bound, p.achieved_gflops, p.attainable_gflops) == ("compute", pytest.approx(80.0), 100.0)
+    assert p.pct_of_attainable == pytest.approx(0.8) and p.pct_of_theoretical == pytest.approx(0.5)
+    assert p.lever == "none"
+    pad = place("x", "fp32", 1e10, 1e8, 0.125, 100.0, 20.0, context=LeverContext(padding_fraction=0.75))
+    assert pad.lever == "less padding" and "4.0x" in pad.lever_reason
+    dt = place("x", "fp32", 1e10, 1e8, 0.125, 100.0, 20.0, context=LeverContext(better_dtype="int8", better_gain=1.8))
+    assert dt.lever == "precision" and "int8" in dt.lever_reason
+    slow = place("x", "fp32", 1e10, 1e8, 1.0, 100.0, 20.0)  # 10% of the roof
+    assert slow.lever == "fusion"
+    with pytest.raises(ValueError):
+        place("x", "fp32", 0.0, 1e8, 1.0, 100.0, 20.0)
+
+
+def test_variant_dtype_from_params_and_names() -> None:
+    from latencylab.roofline.api import variant_dtype
+
+    assert variant_dtype({"name": "torch-fp32", "params": {"dtype": "float32"}}) == "fp32"
+    assert variant_dtype({"name": "torch-bf16", "params": {"dtype": "bfloat16"}}) == "bf16"
+    assert variant_dtype({"name": "torch-int8-dynamic", "params": {"dtype": "qint8"}}) == "int8"
+    assert variant_dtype({"name": "ort-int8-static-minmax", "params": {"quantization": {"mode": "static"}}}) == "int8"
+    assert variant_dtype({"name": "ort-fp32", "params": {"quantization": None}}) == "fp32"
+    assert variant_dtype({"name": "torch-prune-magnitude-50", "params": {"method": "magnitude"}}) == "fp32"
+
+
+# ------------------------------------------------------------------------------------------ FLOPs and bytes
+
+torch = pytest.importorskip("torch")
+
+
+def test_flops_and_bytes_of_linear_layers_match_the_hand_count() -> None:
+    from latencylab.roofline.flops import count_work
+
+    m, k, h, n = 4, 16, 32, 8
+    model = torch.nn.Sequential(torch.nn.Linear(k, h), torch.nn.ReLU(), torch.nn.Linear(h, n))
+    w = count_work(model, [torch.randn(m, k)])
+    assert w.flops == 2 * m * h * k + 2 * m * n * h  # 2 M N K per Linear
+    assert w.linear_weight_elems == k * h + h * n
+    assert w.other_weight_elems == h + n  # biases
+    # x read, h written (addmm); h read + written (relu); h read, y written (addmm)
+    assert w.activation_elems == m * k + m * h + 2 * m * h + m * h + m * n
+    assert w.bytes("fp32") == 4 * (k * h + h * n + h + n + w.activation_elems)
+    assert w.bytes("bf16") == w.bytes("fp32") / 2
+    assert w.bytes("int8") == (k * h + h * n) + 4 * (h + n + w.activation_elems)
+
+
+def test_embedding_reads_only_the_rows_it_gathers() -> None:
+    from latencylab.roofline.flops import count_traffic
+
+    emb = torch.nn.Embedding(1000, 8)
+    lin, other, act = count_traffic(emb, [torch.tensor([[1, 2, 3]])])
+    assert (lin, other) == (0, 3 * 8)
+    assert act == 3 + 3 * 8  # indices read, rows written
+
+
+# ------------------------------------------------------------------------------------------ measured peaks
+
+
+@pytest.fixture(scope="module")
+def peaks(tmp_path_factory: pytest.TempPathFactory) -> object:
+    from latencylab.roofline import peaks as rpeaks
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LATENCYLAB_CACHE", str(tmp_path_factory.mktemp("roofline-cache")))
+        return rpeaks.load_or_measure(quick=True, threads=[1])
+
+
+def test_measured_peaks_are_positive_and_below_theory(peaks: object) -> None:
+    from latencylab.roofline.api import theory_for
+    from latencylab.roofline.peaks import Peaks
+
+    assert isinstance(peaks, Peaks)
+    _, theory = theory_for(peaks)
+    fp32 = peaks.compute_gflops("fp32", 1)
+    assert fp32 is not None and fp32 > 0
+    th = theory["fp32"].gflops(1)
+    if th is not None:  # measured cannot beat the ISA x clock peak (10% slack for the clock estimate)
+        assert fp32 < 1.1 * th, (fp32, th, peaks.clock_ghz)
+    int8 = peaks.compute_gflops("int8", 1)
+    th8 = theory["int8"].gflops(1)
+    if int8 is not None and th8 is not None:
+        assert 0 < int8 < 1.1 * th8
+    for c in peaks.compute:  # every method either measured a rate or says why not
+        assert (c.gflops is not None and c.gflops > 0) or c.note.startswith("unsupported")
+    bw = peaks.bandwidth_gbs(1)
+    assert bw is not None and 0.1 < bw < 10_000
+    if peaks.clock_ghz is not None:
+        assert 0.3 < peaks.clock_ghz < 7.0
+
+
+def test_peaks_cache_round_trips(peaks: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from latencylab.roofline import peaks as rpeaks
+
+    assert isinstance(peaks, rpeaks.Peaks)
+    assert rpeaks.Peaks.from_dict(json.loads(json.dumps(peaks.to_dict()))) == peaks
+    monkeypatch.setenv("LATENCYLAB_CACHE", str(tmp_path))
+    path = rpeaks.cache_path(peaks.key, quick=True)
+    assert path.parent == tmp_path / "roofline"
+    rpeaks.save(peaks, path)
+
+    def no_measuring(**_: object) -> None:
+        raise AssertionError("measured although the cache holds this machine's peaks")
+
+    monkeypatch.setattr(rpeaks, "measure_peaks", no_measuring)
+    assert rpeaks.load_or_measure(quick=True, threads=[1]) == peaks
+    path.write_text("{not json")  # an unreadable cache is re-measured, never trusted
+    monkeypatch.setattr(rpeaks, "measure_peaks", lambda **_: peaks)
+    assert rpeaks.load_or_measure(quick=True, threads=[1]) == peaks
+    assert rpeaks.Peaks.from_dict(json.loads(path.read_text())) == peaks  # and rewritten
+    stale = {**peaks.to_dict(), "key": "0" * 16}
+    path.write_text(json.dumps(stale))  # another machine's record (same file name): re-measured
+    calls: list[int] = []
+    monkeypatch.setattr(rpeaks, "measure_peaks", lambda **_: calls.append(1) or peaks)
+    rpeaks.load_or_measure(quick=True, threads=[1])
+    assert calls == [1]
+
+
+# ------------------------------------------------------------------------------------------ findings
+
+
+def test_roofline_findings_on_the_vision_workload(peaks: object) -> None:
+    pytest.importorskip("sklearn")
+    pytest.importorskip("PIL")
+    from latencylab.roofline.api import PEAKS_RULE, RULE, roofline_findings
+    from latencylab.roofline.peaks import Peaks
+
+    assert isinstance(peaks, Peaks)
+    findings = roofline_findings("vision", 1, peaks=peaks, quick=True)
+    points = [f for f in findings if f.rule == RULE]
+    assert [f.details["point"]["dtype"] for f in points] == ["fp32", "bf16", "int8"]
+    for f in points:
+        p = f.details["point"]
+        assert p["achieved_gflops"] > 0 and p["seconds"] > 0
+        assert p["flops"] == f.details["work"]["flops"] > 5e6  # the digits CNN: ~5.6 MFLOP per image
+        assert p["attainable_gflops"] == pytest.approx(min(p["peak_gflops"], p["bandwidth_gbs"] * p["intensity"]))
+        assert p["bound"] in ("compute", "memory") and p["lever"] in rmodel.LEVERS
+    assert sum(f.rule == PEAKS_RULE for f in findings) == 1
+
+
+def test_place_optimize_result_and_rule(peaks: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from latencylab.diagnose.rules import roofline as rule_mod
+    from latencylab.roofline import api
+    from latencylab.roofline.flops import Work
+    from latencylab.roofline.peaks import Peaks
+
+    assert isinstance(peaks, Peaks)
+    doc = {
+        "kind": "optimize",
+        "config": {"workload": "text", "threads": 1},
+        "model": {"seq_len": 128, "batch_size": 1},
+        "candidates": [
+            {"name": "torch-fp32", "params": {"dtype": "float32"}, "p50_ms": 40.0},
+            {"name": "torch-bf16", "params": {"dtype": "bfloat16"}, "p50_ms": None, "status": "skipped"},
+            {"name": "ort-int8-dynamic-default", "params": {"quantization": {"mode": "dynamic"}}, "p50_ms": 14.0},
+        ],
+    }
+    work = Work(flops=2.87e9, linear_weight_elems=10_764_288, other_weight_elems=179_328, activation_elems=25_713_551)
+    points = api.place_optimize_result(doc, peaks=peaks, work=work)
+    assert [(p.name, p.dtype) for p in points] == [("torch-fp32", "fp32"), ("ort-int8-dynamic-default", "int8")]
+    assert points[0].achieved_gflops == pytest.approx(2.87e9 / 0.040 / 1e9)
+    assert points[1].bytes < points[0].bytes  # INT8 weights: 1 byte each
+
+    original = api.place_optimize_result  # the rule measures nothing here: our peaks and work
+    monkeypatch.setattr(api, "place_optimize_result", lambda d: original(d, peaks=peaks, work=work))
+    found = rule_mod.rule([LoadedResult("opt.json", "optimize", doc), LoadedResult("p.json", "profile", {})])
+    assert len(found) == 1 and found[0].rule == "roofline" and len(found[0].evidence) == 2
+    assert found[0].details["points"][0]["name"] == "torch-fp32"
+    onnx = {**doc, "config": {"workload": "onnx:model.onnx"}}
+    assert rule_mod.rule([LoadedResult("o.json", "optimize", onnx)]) == []
