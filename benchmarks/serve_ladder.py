@@ -310,6 +310,10 @@ def main() -> int:
 
     per_s = windows(load["intended_ns"], load["done_ns"], load["outcome"], 1.0)
     out = {
+        "schema_version": 1,  # readable by `latencylab report` as a "serve" result (ladder level over time)
+        "kind": "serve",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+        "ladder": list(ladder),
         "model": args.model,
         "slo_ms": slo_ms,
         "rate": args.rate,

@@ -1,0 +1,111 @@
+"""``latencylab report``: read result files, run diagnose on them, write one self-contained HTML file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from latencylab.diagnose.types import Finding, LoadedResult
+from latencylab.errors import LatencyLabError, require
+from latencylab.results import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["KINDS", "diagnose_findings", "load_inputs", "run_report_command", "write_report"]
+
+# kind -> keys a document of that kind must have for the report to draw it
+KINDS: dict[str, tuple[str, ...]] = {
+    "profile": ("stages", "iteration_start_ns"),
+    "load": ("summary", "histograms", "timeline"),
+    "capacity": ("capacity",),
+    "optimize": ("summary", "candidates"),
+    "serve": ("samples", "transitions"),
+}
+
+
+def load_input(path: str | Path) -> LoadedResult:
+    """One result file as a :class:`LoadedResult`; one-line errors for a missing, unreadable or unknown file."""
+    p = Path(path)
+    if not p.is_file():
+        raise LatencyLabError(f"{p}: no such result file")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise LatencyLabError(f"{p}: not a readable JSON result file ({exc.__class__.__name__})") from exc
+    if not isinstance(doc, dict):
+        raise LatencyLabError(f"{p}: not a latencylab result (a JSON object with a 'kind')")
+    kind = doc.get("kind")
+    if kind not in KINDS:
+        raise LatencyLabError(f"{p}: unknown result kind {kind!r}; the report reads {', '.join(KINDS)}")
+    if doc.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise LatencyLabError(
+            f"{p}: schema_version {doc.get('schema_version')!r}, this latencylab reads {SCHEMA_VERSION}"
+        )
+    missing = [k for k in KINDS[kind] if k not in doc]
+    if missing:
+        raise LatencyLabError(f"{p}: malformed {kind} result: missing {', '.join(missing)}")
+    return LoadedResult(source=str(p), kind=str(kind), doc=doc)
+
+
+def load_inputs(paths: Sequence[str | Path]) -> list[LoadedResult]:
+    if not paths:
+        raise LatencyLabError("no result files given")
+    return [load_input(p) for p in paths]
+
+
+def diagnose_findings(results: Sequence[LoadedResult]) -> tuple[tuple[Finding, ...] | None, str]:
+    """(findings, note): ``latencylab.diagnose.engine.diagnose_results`` over the inputs, imported lazily;
+    ``(None, why)`` when diagnose is not available or fails, so the rest of the report is still written."""
+    try:
+        from latencylab.diagnose.engine import diagnose_results
+    except ImportError as exc:
+        return None, f"diagnose unavailable: {exc}"
+    try:
+        return tuple(diagnose_results(results)), ""
+    except Exception as exc:  # a failing rule must not cost the user the plots
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return None, f"diagnose failed: {type(exc).__name__}: {first}"
+
+
+def write_report(
+    paths: Sequence[str | Path],
+    output: str | Path,
+    budget_path: str | Path | None = None,
+    title: str | None = None,
+) -> tuple[Path, str]:
+    """Read ``paths``, diagnose, render and write the HTML to ``output``; returns (path, findings note)."""
+    require("matplotlib", "plot")
+    from latencylab.budget import load_budget
+    from latencylab.report.html import ReportInput, render_report
+
+    results = load_inputs(paths)
+    budget = load_budget(budget_path) if budget_path else None
+    findings, note = diagnose_findings(results)
+    doc = render_report(
+        ReportInput(
+            results=tuple(results),
+            title=title or "latencylab report: " + ", ".join(Path(r.source).stem for r in results),
+            budget=budget,
+            findings=findings,
+            findings_note=note,
+        )
+    )
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(doc, encoding="utf-8")
+    tmp.replace(out)
+    return out, note
+
+
+def run_report_command(args: argparse.Namespace, console: Console) -> int:
+    out, note = write_report(args.results, args.output, args.latency_budget, args.title)
+    if note:
+        console.print(f"[yellow]report:[/yellow] {note}")
+    size = out.stat().st_size
+    console.print(f"wrote {out} ({size / 1024:.0f} KiB, {len(args.results)} result file(s))")
+    return 0
