@@ -10,6 +10,7 @@ one Finding per dtype plus one comparing the measured peaks with the ISA's theor
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import time
 import warnings
@@ -40,6 +41,7 @@ class Roofline:
     cpu: CpuInfo
     theory: Mapping[str, TheoreticalPeak]
     points: tuple[RooflinePoint, ...]
+    load_before: float = 0.0  # 1-min load average when the timing started: others' work perturbs the timing
 
 
 # --------------------------------------------------------------------------------------------- placing
@@ -165,16 +167,19 @@ def measure(
     feed = adapter.heldout()[0]
     args = [torch.from_numpy(feed[k]) for k in adapter.input_names]
     rounds, per_round = (2, 2) if quick else (5, 4)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     seconds = time_forward(adapter.torch_model(), args, dtypes, n, rounds, per_round)
     cpu, theory = theory_for(peaks)
     points = [place_work(f"{workload} {d}", d, work, seconds[d], peaks, n, theory) for d in dtypes]
-    return Roofline(workload, n, work, peaks, cpu, theory, tuple(p for p in points if p is not None))
+    return Roofline(workload, n, work, peaks, cpu, theory, tuple(p for p in points if p is not None), load)
 
 
 # --------------------------------------------------------------------------------------------- findings
 
 
-def point_finding(p: RooflinePoint, source: str = "live run", work: Work | None = None) -> Finding:
+def point_finding(
+    p: RooflinePoint, source: str = "live run", work: Work | None = None, load: float | None = None
+) -> Finding:
     unit = UNIT.get(p.dtype, "GFLOP/s")
     ev = [
         Evidence("achieved", round(p.achieved_gflops, 2), unit),
@@ -189,7 +194,16 @@ def point_finding(p: RooflinePoint, source: str = "live run", work: Work | None 
     ]
     if p.theoretical_gflops is not None and p.pct_of_theoretical is not None:
         ev.append(Evidence("share of theoretical peak", round(p.pct_of_theoretical, 4), "fraction"))
+    if load is not None:
+        ev.append(Evidence("load average (1 min) when timing started", round(load, 2)))
     recommendation = f"{p.lever}: {p.lever_reason}"
+    cores = os.cpu_count() or 1
+    # the load average counts this process too (about 1 while it loads the model): the rest is others' work
+    if load is not None and max(load - 1.0, 0.0) + p.threads > cores + 0.25:
+        recommendation += (
+            f" (caution: load average {load:.1f} on {cores} CPUs: other processes shared the cores while this ran, "
+            "so the time, and the share of the roof, may reflect them rather than the model)"
+        )
     if p.pct_of_attainable > 1.05:
         recommendation += (
             f" (note: achieved is above the measured {p.dtype} roof: the peak microbenchmark was perturbed or the "
@@ -259,7 +273,7 @@ def roofline_findings(
     """Time ``workload`` ("text": batch 1 x 128 tokens; "vision": one 64 x 64 image) in each dtype at
     ``threads`` (None = every usable core) and place it on this machine's roofline."""
     r = measure(workload, threads, peaks=peaks, quick=quick, refresh=refresh, dtypes=dtypes)
-    out = [point_finding(p, work=r.work) for p in r.points]
+    out = [point_finding(p, work=r.work, load=r.load_before) for p in r.points]
     out.append(peaks_finding(r.peaks, r.cpu, r.theory))
     return out
 
