@@ -382,7 +382,11 @@ def start_server(name: str, args: argparse.Namespace) -> Running:
             path = infer_path(MODEL, "fp32")
         notes.append(f"ladder {ladder}, path {path}" + (f", {', '.join(args.latencylab_option)}" if extra else ""))
         cmd = [str(ROOT / ".venv" / "bin" / "latencylab"), "serve", "--config", str(workdir / "serve.toml")]
-        cmd += ["--threads", str(args.threads)]
+        cmd += ["--threads", str(args.latencylab_threads or args.threads)]
+        if args.latencylab_workers:
+            cmd += ["--compute-workers", str(args.latencylab_workers)]
+            n_threads = args.latencylab_threads or args.threads
+            notes.append(f"{args.latencylab_workers} compute workers x {n_threads} threads")
         ready = url + "/v2/health/ready"
         stats: Callable[[], dict[str, Any] | None] = lambda: _latencylab_metrics(url)  # noqa: E731
     elif name == "naive":
@@ -776,6 +780,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-rate", type=float, default=2000.0)
     ap.add_argument("--max-steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads of every server")
+    ap.add_argument("--latencylab-workers", type=int, help="latencylab: batches computed at once (default 1)")
+    ap.add_argument("--latencylab-threads", type=int, help="latencylab: torch threads (default: --threads)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--warmup-s", type=float, default=4.0)
     ap.add_argument("--request-timeout", type=float, default=10.0, help="client timeout per request, s")

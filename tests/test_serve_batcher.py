@@ -285,3 +285,37 @@ def test_release_fails_fast_whoever_cannot_finish_by_the_deadline() -> None:
     kinds, n_batches = run(go())
     assert kinds == ["BatchOutcome", "DeadlineExceeded"]
     assert n_batches == 1  # the doomed request never spent compute
+
+
+def test_two_workers_run_two_batches_at_once() -> None:
+    async def go() -> tuple[float, int]:
+        v = SleepVariant(base=0.05, per_item=0.0, max_batch_size=1)
+        b = Batcher(v, max_batch_size=1, max_delay_s=0.0001, max_queue=16, workers=2)
+        b.warmup([1])
+        b.start()
+        now = time.perf_counter_ns()
+        t0 = time.perf_counter()
+        # admission plans for two workers: 4 one-item batches of 50 ms finish in ~100 ms, not ~200 ms
+        assert b.predicted_finish_ns(now) - now < ms(60)
+        futs = [b.submit(i, now + ms(5000)) for i in range(4)]
+        await asyncio.gather(*futs)
+        took = time.perf_counter() - t0
+        await b.stop()
+        return took, max(o.batch_size for o in [f.result() for f in futs])
+
+    took, biggest = run(go())
+    assert biggest == 1
+    assert 0.09 <= took < 0.17  # two at a time (one worker would need >= 0.2 s)
+
+
+def test_workers_share_the_predicted_backlog() -> None:
+    one = Batcher(SleepVariant(base=0.02, per_item=0.0), max_batch_size=1, max_delay_s=0.001, max_queue=64)
+    two = Batcher(SleepVariant(base=0.02, per_item=0.0), max_batch_size=1, max_delay_s=0.001, max_queue=64, workers=2)
+    for b in (one, two):
+        b.model.observe(1, 0.02)
+        for _ in range(10):
+            b.admit(10**18, 0)
+    w1 = one.predicted_finish_ns(0) / 1e9
+    w2 = two.predicted_finish_ns(0) / 1e9
+    assert w1 == pytest.approx(0.22)  # 10 ahead + its own, one at a time
+    assert w2 == pytest.approx(0.12)  # 10 ahead shared by two workers + its own

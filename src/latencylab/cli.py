@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-batch-size", type=_positive_int)
     sv.add_argument("--max-queue-delay-ms", type=_positive_float)
     sv.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
+    sv.add_argument("--compute-workers", type=_positive_int, help="batches computed at once per variant (default 1)")
     sv.add_argument("--token-env", help="require a bearer token: the name of the env var holding it")
 
     op = sub.add_parser("optimize", help="search optimisation variants; keep the fastest inside the accuracy budget")

@@ -19,6 +19,7 @@ Example (``serve.toml``)::
     max_queue_delay_ms = 4      # longest a request waits for its batch to fill
     max_queue = 256             # beyond this, requests are shed with 503 + Retry-After
     default_deadline_ms = 30000 # deadline of requests that do not state one
+    compute_workers = 1         # batches computed at once per variant (with --threads 1: one core each)
     cache_ttl_s = 60
     cache_entries = 10000
     [models.guard]              # optional overrides of GuardConfig
@@ -50,6 +51,7 @@ class ModelConfig:
     default_deadline_ms: float = 30_000.0
     cache_ttl_s: float = 60.0
     cache_entries: int = 10_000
+    compute_workers: int = 1
     guard: dict[str, Any] = field(default_factory=dict)
     # "package.module:function": called as function(variant_names, max_batch_size, device) -> list of Variants,
     # for models that are not built in (e.g. an exported artifact wrapped in a Variant).
@@ -69,7 +71,7 @@ class ModelConfig:
         for key in ("slo_ms", "max_queue_delay_ms", "default_deadline_ms", "cache_ttl_s"):
             if not getattr(self, key) > 0:
                 raise LatencyLabError(f"model {self.name!r}: {key} must be > 0")
-        for key in ("max_batch_size", "max_queue", "cache_entries"):
+        for key in ("max_batch_size", "max_queue", "cache_entries", "compute_workers"):
             if getattr(self, key) < 1:
                 raise LatencyLabError(f"model {self.name!r}: {key} must be >= 1")
         if not 0 < self.quantile < 1:

@@ -21,6 +21,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             "slo_ms": args.slo_ms,
             "max_batch_size": args.max_batch_size,
             "max_queue_delay_ms": args.max_queue_delay_ms,
+            "compute_workers": getattr(args, "compute_workers", None),
         }.items()
         if v is not None
     }

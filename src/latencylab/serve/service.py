@@ -103,6 +103,7 @@ class ModelService:
                 self.cfg.max_queue,
                 on_batch=self._on_batch,
                 on_depth=self._on_depth,
+                workers=self.cfg.compute_workers,
             )
             t0 = time.perf_counter()
             b.warmup([s for s in sizes if s <= b.max_batch])
