@@ -61,13 +61,14 @@ def rule(results: Sequence[LoadedResult]) -> list[Finding]:
             f"largest single stage: {top.name} {shares[top.name]:.0%}"
         )
         ev = [
-            Evidence("top stage", f"{top.name} ({top.kind})"),
-            Evidence(f"{top.name} share", pct(shares[top.name]), "%"),
             Evidence("data path share (load + preprocess)", pct(data_share), "%"),
+            Evidence("largest data-path stage", f"{data[0].name} ({data[0].kind})"),
         ]
         for s in data:
+            ev.append(Evidence(f"{s.name} share", pct(shares[s.name]), "%"))
             ev.append(Evidence(f"{s.name} mean", round(float(s.array().mean()) / 1e6, 4), "ms"))
         ev.append(Evidence("forward share", pct(fwd), "%"))
+        ev.append(Evidence("largest single stage", f"{top.name} ({top.kind}), {pct(shares[top.name])}%"))
         remedies = [x for s in data for x in _remedies(s.name, s.kind)]
         remedies.append(
             "overlap the data path with the forward pass (double buffering: prepare input i+1 while the model runs "

@@ -56,17 +56,21 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def _guilty_stage(prof: ProfileResult, start: int, end: int) -> tuple[str, float]:
-    """The stage whose time grew most inside [start, end) relative to its own median outside it."""
-    best, best_add = prof.stages[0].name, -np.inf
+def _guilty_stage(prof: ProfileResult, start: int, end: int) -> tuple[str, float, float]:
+    """(stage, added ns, fraction of the end-to-end increase) for the stage whose time grew most in [start, end).
+
+    Added time = the stage's mean inside the range minus its median outside it (means add up across stages,
+    so the fractions of the increase are comparable).
+    """
+    adds = {}
     for s in prof.stages:
         a = s.array().astype(np.float64)
         outside = np.r_[a[:start], a[end:]]
         base = float(np.median(outside)) if outside.size else 0.0
-        add = float(np.median(a[start:end])) - base
-        if add > best_add:
-            best, best_add = s.name, add
-    return best, best_add
+        adds[s.name] = float(np.mean(a[start:end])) - base
+    best = max(adds, key=lambda k: adds[k])
+    total = sum(v for v in adds.values() if v > 0)
+    return best, adds[best], (adds[best] / total if total > 0 else 0.0)
 
 
 def _profile_findings(r: LoadedResult, prof: ProfileResult) -> list[Finding]:
@@ -81,13 +85,13 @@ def _profile_findings(r: LoadedResult, prof: ProfileResult) -> list[Finding]:
     for sp in spikes:
         cause = [ev for ev in events if sp.start - 1 <= ev[0] < sp.end + 1]
         t0, t1 = time_range_s(prof, sp.start, sp.end)
-        stage, added = _guilty_stage(prof, sp.start, sp.end)
+        stage, added, frac = _guilty_stage(prof, sp.start, sp.end)
         n = sp.end - sp.start
         common = [
             Evidence("iterations", f"{sp.start}-{sp.end - 1} ({n})", "", t0, t1),
             Evidence("ratio to baseline median", round(sp.ratio, 2), "x", t0, t1),
             Evidence("baseline end-to-end median", ms(baseline), "ms"),
-            Evidence("stage that grew most", f"{stage} (+{added / 1e6:.3f} ms median)"),
+            Evidence("stage that grew most", f"{stage} (+{added / 1e6:.3f} ms mean, {frac:.0%} of the increase)"),
         ]
         if cause:
             explained.update(ev[0] for ev in cause)
