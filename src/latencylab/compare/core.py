@@ -94,6 +94,8 @@ class SeriesDelta:
     metrics: tuple[MetricDelta, ...]
     rank: cstats.RankTest
     warnings: tuple[str, ...] = ()
+    block_baseline: int = 1  # bootstrap block length (1: samples resampled independently)
+    block_candidate: int = 1
 
     def metric(self, name: str) -> MetricDelta:
         for m in self.metrics:
@@ -263,6 +265,8 @@ class Comparison:
                         tuple(delta(m) for m in s["metrics"]),
                         cstats.RankTest(**s["rank"]),
                         tuple(s["warnings"]),
+                        s["block_baseline"],
+                        s["block_candidate"],
                     )
                     for s in d["series"]
                 ),
@@ -344,8 +348,14 @@ def compare_series(
                 enough,
             )
         )
+    blocks = (baseline.block, candidate.block)
+    if max(blocks) > 1:
+        warnings.append(
+            f"{name}: neighbouring iterations are alike (drift or bursts of interference): resampled in blocks of "
+            f"{blocks[0]} / {blocks[1]} iterations, so the CIs are wider than for independent samples"
+        )
     rank = cstats.mann_whitney(baseline, candidate)
-    return SeriesDelta(name, baseline.n, candidate.n, tuple(metrics), rank, tuple(warnings))
+    return SeriesDelta(name, baseline.n, candidate.n, tuple(metrics), rank, tuple(warnings), *blocks)
 
 
 def _flag(significant: bool, a: float, b: float, noise: float) -> bool:
@@ -443,9 +453,9 @@ def _profile_side(doc: Mapping[str, Any]) -> _Side:
     from latencylab.results import ProfileResult
 
     r = ProfileResult.from_dict(doc)
-    series = {"end-to-end": cstats.Binned.from_samples(r.end_to_end_ns())}
+    series = {"end-to-end": cstats.Binned.from_samples(r.end_to_end_ns(), ordered=True)}
     for s in r.stages:
-        series[s.name] = cstats.Binned.from_samples(s.array())
+        series[s.name] = cstats.Binned.from_samples(s.array(), ordered=True)
     config = {"workload": r.workload, "config": dict(r.config), "pipeline": dict(r.pipeline)}
     return _Side(series, None, None, None, r.env, config)
 
@@ -515,6 +525,20 @@ def env_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Differe
     return tuple(Difference(d.path, d.a, d.b, d.impact) for d in diff(dict(a), dict(b)) if d.impact != "low")
 
 
+def _busy(a: Mapping[str, Any], b: Mapping[str, Any], names: tuple[str, str]) -> list[tuple[str, str]]:
+    """``env`` lint's "machine is busy" for each side: load is volatile, so env.diff ignores it, yet a run
+    measured beside other work differs from one measured alone, whatever the configuration."""
+    from latencylab.env import lint
+
+    return [
+        (who, w.message)
+        for who, fp in zip(names, (a, b), strict=True)
+        if fp
+        for w in lint(dict(fp))
+        if w.code == "busy"
+    ]
+
+
 def compare_docs(
     baseline: Mapping[str, Any],
     candidate: Mapping[str, Any],
@@ -535,7 +559,8 @@ def compare_docs(
     common = [n for n in a.series if n in b.series]
     if not common:
         raise LatencyLabError("the two results share no latency series (no stage names in common, or no samples)")
-    notes = [f"only in {names[0]}: {n}" for n in a.series if n not in b.series]
+    notes = [f"{who} was measured on a busy machine: {msg}" for who, msg in _busy(a.env, b.env, names)]
+    notes += [f"only in {names[0]}: {n}" for n in a.series if n not in b.series]
     notes += [f"only in {names[1]}: {n}" for n in b.series if n not in a.series]
     default = common[0]
     for g in gates:  # check before the (seconds-long) bootstrap

@@ -12,7 +12,10 @@ tested the same way as a profile result.
 * **Bootstrap** (``bootstrap_deltas``): each side is resampled independently
   B times with replacement; resampling n individuals is the same as drawing
   bin counts from Multinomial(n, counts / n), which is what we do when there
-  are few bins (histograms), and otherwise we draw n indices. The
+  are few bins (histograms), and otherwise we draw n indices. When the
+  run order is known (profile results) and neighbouring iterations are
+  correlated, whole blocks of consecutive iterations are resampled instead
+  (circular block bootstrap, block length from ``block_length``). The
   two-sided percentile interval of the B differences at confidence
   1 - alpha is the CI; the difference is significant when the CI excludes 0.
 * **Mann-Whitney U** (``mann_whitney``) on binned data: midranks over the
@@ -45,10 +48,17 @@ _CHUNK = 2_000_000  # elements per bootstrap chunk (memory stays ~tens of MB)
 
 @dataclass(frozen=True, slots=True)
 class Binned:
-    """A sample as sorted distinct ``values`` with positive ``counts`` (``n`` = counts.sum())."""
+    """A sample as sorted distinct ``values`` with positive ``counts`` (``n`` = counts.sum()).
+
+    ``order``, when the samples' run order is known (profiler iterations), is
+    the bin index of each sample in that order, and ``block`` the block length
+    the bootstrap resamples it in (1: independent samples; see ``block_length``).
+    """
 
     values: FloatArray
     counts: IntArray
+    order: IntArray | None = None
+    block: int = 1
 
     def __post_init__(self) -> None:
         if self.values.ndim != 1 or self.values.shape != self.counts.shape:
@@ -63,16 +73,22 @@ class Binned:
         return int(self.counts.sum())
 
     @classmethod
-    def from_samples(cls, samples: Sequence[float] | npt.ArrayLike, coarsen_above: int = EXACT_MAX_N) -> Binned:
+    def from_samples(
+        cls, samples: Sequence[float] | npt.ArrayLike, ordered: bool = False, coarsen_above: int = EXACT_MAX_N
+    ) -> Binned:
         """Exact bins of raw samples; above ``coarsen_above`` samples, values are first rounded to
-        ``COARSE_DIGITS`` significant digits (a 0.01% change of value) so the bootstrap stays fast."""
+        ``COARSE_DIGITS`` significant digits (a 0.01% change of value) so the bootstrap stays fast.
+        ``ordered``: the samples are a time series (run order), kept for the block bootstrap."""
         arr = np.asarray(samples, dtype=np.float64).ravel()
         if arr.size == 0:
             raise ValueError("no samples")
         if arr.size > coarsen_above:
             arr = round_significant(arr, COARSE_DIGITS)
-        values, counts = np.unique(arr, return_counts=True)
-        return cls(values.astype(np.float64), counts.astype(np.int64))
+        values, inverse, counts = np.unique(arr, return_inverse=True, return_counts=True)
+        if not ordered:
+            return cls(values.astype(np.float64), counts.astype(np.int64))
+        order = inverse.astype(np.int64).ravel()
+        return cls(values.astype(np.float64), counts.astype(np.int64), order, block_length(order))
 
     @classmethod
     def from_cdf(cls, points: Sequence[tuple[float, float]], total: int) -> Binned:
@@ -94,6 +110,42 @@ def round_significant(x: FloatArray, digits: int) -> FloatArray:
     scale = 10.0 ** (digits - 1 - mag)
     out[nz] = np.round(out[nz] * scale) / scale
     return out
+
+
+MAX_BLOCK_FRACTION = 0.1  # a block never spans more than a tenth of the run
+
+
+def block_length(series: npt.ArrayLike) -> int:
+    """Block length for the bootstrap of a time series: its integrated autocorrelation time, rounded up.
+
+    Latency samples of one run are not independent when the machine's state
+    drifts or comes in bursts (another process takes the CPU for a while, a
+    frequency step): neighbouring iterations are then alike, the run holds
+    fewer independent observations than iterations, and an i.i.d. bootstrap
+    would give too narrow intervals. Algorithm: ranks of the series (robust
+    to outliers), autocorrelations rho_k by FFT, summed while they stay above
+    the 2/sqrt(n) noise level (Geyer's initial-sequence idea); tau = 1 + 2
+    sum rho_k. 1 (plain bootstrap) when tau < 1.5; at most n/10.
+    """
+    x = np.asarray(series, dtype=np.float64).ravel()
+    n = x.size
+    if n < 20:
+        return 1
+    r = np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(np.float64)
+    r -= r.mean()
+    var = float(np.dot(r, r))
+    if var == 0:
+        return 1
+    size = 1 << (2 * n - 1).bit_length()
+    f = np.fft.rfft(r, size)
+    acf = np.fft.irfft(f * np.conj(f), size)[: n // 2] / var
+    limit = 2.0 / math.sqrt(n)
+    below = np.flatnonzero(acf[1:] < limit)
+    k_end = int(below[0]) + 1 if below.size else acf.size
+    tau = 1.0 + 2.0 * float(acf[1:k_end].sum())
+    if tau < 1.5:
+        return 1
+    return int(min(math.ceil(tau), max(1, int(n * MAX_BLOCK_FRACTION))))
 
 
 # ------------------------------------------------------------------------------------------ estimators
@@ -142,38 +194,48 @@ def _replicates(b: Binned, stats: Sequence[float | str], n_boot: int, rng: np.ra
     """``stats`` over ``n_boot`` bootstrap resamples of ``b``: shape (n_boot, len(stats))."""
     n, k = b.n, b.values.size
     out = np.empty((n_boot, len(stats)))
-    multinomial = k * 8 < n  # few bins (a histogram): drawing bin counts is cheaper than drawing n indices
+    blocks = b.order is not None and b.block > 1
+    # Few bins (a histogram): drawing bin counts is cheaper than drawing n indices.
+    multinomial = k * 8 < n and not blocks
     rows = max(1, _CHUNK // max(k if multinomial else n, 1))
     p = b.counts / n
-    expand = np.repeat(np.arange(k), b.counts) if not multinomial and k < n else None
+    expand = np.repeat(np.arange(k), b.counts) if not multinomial and not blocks and k < n else None
     done = 0
     while done < n_boot:
         m = min(rows, n_boot - done)
         if multinomial:
             counts = rng.multinomial(n, p, size=m).astype(np.int64)
         else:
-            idx = rng.integers(0, n, size=(m, n))
-            if expand is not None:  # ties: map a draw among the n individuals to its bin
-                idx = expand[idx]
+            if blocks:
+                assert b.order is not None
+                # Circular block bootstrap: ceil(n / block) blocks of consecutive iterations, cut to n.
+                nb = -(-n // b.block)
+                starts = rng.integers(0, n, size=(m, nb, 1))
+                pos = ((starts + np.arange(b.block)) % n).reshape(m, nb * b.block)[:, :n]
+                idx = b.order[pos]
+            else:
+                idx = rng.integers(0, n, size=(m, n))
+                if expand is not None:  # ties: map a draw among the n individuals to its bin
+                    idx = expand[idx]
             flat = (idx + (np.arange(m) * k)[:, None]).ravel()
             counts = np.bincount(flat, minlength=m * k).reshape(m, k).astype(np.int64)
         cum = np.cumsum(counts, axis=1)
         # One searchsorted over all rows: offset row r by r * (n + 1) so the flattened array stays sorted.
         offset = (np.arange(m) * (n + 1))[:, None]
         flat_cum = (cum + offset).ravel()
-        starts = offset[:, 0]
+        row_starts = offset[:, 0]
 
         for j, s in enumerate(stats):
             if s == "mean":
                 out[done : done + m, j] = counts @ b.values / n
             elif s == "max":
-                out[done : done + m, j] = _at_rank(b.values, flat_cum, starts, n - 1)
+                out[done : done + m, j] = _at_rank(b.values, flat_cum, row_starts, n - 1)
             else:
                 h = (n - 1) * float(s)
                 lo = math.floor(h)
                 x0, x1 = (
-                    _at_rank(b.values, flat_cum, starts, lo),
-                    _at_rank(b.values, flat_cum, starts, min(lo + 1, n - 1)),
+                    _at_rank(b.values, flat_cum, row_starts, lo),
+                    _at_rank(b.values, flat_cum, row_starts, min(lo + 1, n - 1)),
                 )
                 out[done : done + m, j] = x0 + (h - lo) * (x1 - x0)
         done += m

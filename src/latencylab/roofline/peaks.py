@@ -4,9 +4,10 @@
   the models use: FP32 and BF16 ``torch.nn.functional.linear`` (``x @ W^T``, nn.Linear's layout) and
   ``torch.matmul`` (row-major ``A @ B``: on CPUs without native BF16 the two hit different kernels, 10x
   apart); INT8 ``torch.ops.quantized.linear`` (u8 x s8 -> s32 with requantisation: the fbgemm/oneDNN kernel
-  dynamic quantisation calls) and ``torch._int_mm`` (s8 x s8 -> s32). ``n`` grows 256, 512, ... until one
-  call takes ``target_s`` (compute-bound, out of the caches' reach), then best-of-``repeats``. A dtype's
-  peak is its best method; a method that raises is recorded as unsupported with the reason.
+  dynamic quantisation calls), ``torch._int_mm`` (s8 x s8 -> s32) and ONNX Runtime's ``MatMulInteger`` (u8 x
+  s8 -> s32, MLAS; where onnxruntime is installed). ``n`` grows 256, 512, ... until one call takes
+  ``target_s`` (compute-bound, out of the caches' reach), then best-of-``repeats``. A dtype's peak is its
+  best method; a method that raises is recorded as unsupported with the reason.
 * **Bandwidth**: ``y.copy_(x)`` (2 x bytes per element: read x + write y) and the STREAM triad
   ``a = b + 3 c`` (``torch.add(b, c, alpha=3, out=a)``: 3 x bytes) over arrays several times the last-level
   cache; write-allocate traffic (the read of ``y``'s line before it is written) is not counted, as in STREAM.
@@ -32,7 +33,7 @@ from typing import Any
 
 from latencylab.errors import require
 
-PEAKS_VERSION = 1
+PEAKS_VERSION = 2  # bump when the methods or sizes change: older cache records are re-measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +260,27 @@ def _gemms(torch: Any) -> list[tuple[str, str, GemmFactory]]:
         b = torch.randint(-128, 127, (n, n), dtype=torch.int8)
         return lambda: torch._int_mm(a, b)
 
+    def ort_matmul_integer(n: int) -> Callable[[], Any]:
+        import numpy as np
+
+        ort: Any = require("onnxruntime", "onnx")
+        onnx: Any = require("onnx", "onnx")
+        helper, tp = onnx.helper, onnx.TensorProto
+        graph = helper.make_graph(
+            [helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+            "int8-gemm",
+            [helper.make_tensor_value_info("a", tp.UINT8, [n, n]), helper.make_tensor_value_info("b", tp.INT8, [n, n])],
+            [helper.make_tensor_value_info("y", tp.INT32, [n, n])],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = torch.get_num_threads()
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(0)
+        feed = {"a": rng.integers(0, 255, (n, n), dtype=np.uint8), "b": rng.integers(-128, 127, (n, n), dtype=np.int8)}
+        return lambda: sess.run(None, feed)
+
     return [
         ("fp32", "linear", linear(torch.float32)),
         ("fp32", "matmul", matmul(torch.float32)),
@@ -266,6 +288,7 @@ def _gemms(torch: Any) -> list[tuple[str, str, GemmFactory]]:
         ("bf16", "matmul", matmul(torch.bfloat16)),
         ("int8", "quantized.linear", qlinear),
         ("int8", "_int_mm", int_mm),
+        ("int8", "ort.MatMulInteger", ort_matmul_integer),
     ]
 
 
