@@ -63,7 +63,9 @@ def _ladder_doc() -> dict[str, Any]:
     assert any(tr["direction"] == "down" for tr in trans) and any(tr["direction"] == "up" for tr in trans)
     return {
         "schema_version": 1, "kind": "serve", "created_at": "2026-01-01T00:00:00+00:00", "ladder": ladder,
-        "model": "vision", "slo_ms": 50.0, "rate": 50.0, "duration_s": 30.0, "guard": {}, "phases": [],
+        "model": "vision", "slo_ms": 50.0, "rate": 50.0, "duration_s": 30.0, "guard": {},
+        "phases": [{"at_s": 0.0, "slow": []}, {"at_s": 4.0, "slow": ["fp32"]}, {"at_s": 8.0, "slow": ["fp32", "res32"]},
+                   {"at_s": 14.0, "slow": []}],
         "transitions": trans, "samples": samples, "client_per_second": per_s, "client_shift_s": 0.0,
     }  # fmt: skip
 
@@ -71,15 +73,16 @@ def _ladder_doc() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("report-inputs")
-    out = {k: d / f"{k}.json" for k in ("profile", "load", "optimize", "serve")}
+    out = {k: d / f"{k}.json" for k in ("profile", "load", "load2", "optimize", "serve")}
     p = _cli("profile", "--workload", "synthetic", "--iterations", "600", "--warmup", "2", "--quiet",
              "--param", "stages=decode:constant(200us);forward:lognormal(1ms,0.2);post:constant(50us)",
              "--param", "stall=forward@400:15ms", "--json", str(out["profile"]))  # fmt: skip
     assert p.returncode == 0, p.stderr
     with reference_server("--service", "lognormal(4ms,0.3)") as url:
-        p = _cli("load", "--url", url, "--model", "reference", "--rate", "40", "--duration", "3", "--slo",
-                 "p99=50ms", "--quiet", "--json", str(out["load"]))  # fmt: skip
-    assert p.returncode == 0, p.stderr
+        for key, rate, secs in (("load", "40", "3"), ("load2", "120", "2")):  # two points against throughput
+            p = _cli("load", "--url", url, "--model", "reference", "--rate", rate, "--duration", secs, "--slo",
+                     "p99=50ms", "--quiet", "--json", str(out[key]))  # fmt: skip
+            assert p.returncode == 0, p.stderr
     p = _cli("optimize", "--workload", "vision", "--families", "torch,onnxruntime", "--only", "ort-fp32",
              "--rounds", "2", "--quiet", "--json", str(out["optimize"]))  # fmt: skip
     assert p.returncode == 0, p.stderr
@@ -93,7 +96,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def report(inputs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     html_path = tmp_path_factory.mktemp("report") / "report.html"
-    files = [str(inputs[k]) for k in ("profile", "load", "optimize", "serve")]
+    files = [str(inputs[k]) for k in ("profile", "load", "load2", "optimize", "serve")]
     p = _cli("report", *files, "-o", str(html_path), "--latency-budget", str(inputs["budget"]), "--title", "T <test>")
     assert p.returncode == 0, p.stderr
     assert f"wrote {html_path}" in p.stdout

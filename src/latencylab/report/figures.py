@@ -240,7 +240,7 @@ def profile_over_time(
 def stage_shares(results: Sequence[tuple[str, ProfileResult]]) -> str:
     """Where the time goes: one stacked bar per profile, each stage's mean duration (ms), labelled with
     its share of end-to-end time."""
-    fig, (ax,) = _new(figsize=(11.0, 1.6 + 0.75 * len(results)))
+    fig, (ax,) = _new(figsize=(11.0, 1.3 + 0.55 * len(results)))
     names: list[str] = []
     for _, r in results:
         names.extend(n for n in r.stage_names if n not in names)
@@ -477,9 +477,11 @@ def pareto_front(doc: Mapping[str, Any]) -> str:
             zorder=4,
         )
         ax.annotate(c["name"], (x, y), xytext=(6, 5), textcoords="offset points", fontsize=8.5, color="0.25")
-    fx = [pts[n] for n in front if n in pts]
+    fx = sorted(pts[n] for n in front if n in pts)
     if fx:
-        ax.plot([p[0] for p in fx], [p[1] for p in fx], color=P99, lw=1.6, ls="-", zorder=3, label="Pareto front")
+        ax.plot([p[0] for p in fx], [p[1] for p in fx], color=P99, lw=1.6, ls="-", zorder=3)
+        ax.scatter([p[0] for p in fx], [p[1] for p in fx], s=260, facecolors="none", edgecolors=P99, linewidths=2.0,
+                   zorder=3, label="Pareto front (not dominated)")  # fmt: skip
     if chosen in pts:
         x, y = pts[chosen]
         ax.scatter([x], [y], s=420, marker="*", color=CHOSEN, edgecolors="black", linewidths=0.8, zorder=6,
@@ -495,6 +497,7 @@ def pareto_front(doc: Mapping[str, Any]) -> str:
     if pts:
         xs = [p[0] for p in pts.values()]
         ax.set_xlim(min(xs) * 0.85, max(xs) * 1.25)
+        ax.margins(y=0.12)
     ax.set_xlabel("p50 latency per inference (ms), 95% CI; left is faster")
     ax.set_ylabel(f"{label}; up is better")
     ax.grid(True, alpha=0.3)
@@ -514,12 +517,21 @@ def ladder_over_time(doc: Mapping[str, Any]) -> str:
     ladder = list(doc.get("ladder") or [])
     nlev = max([len(ladder)] + [int(s[1]) + 1 for s in samples])
     names = ladder if len(ladder) == nlev else [f"level {i}" for i in range(nlev)]
-    fig, (ax,) = _new(figsize=(11.0, 5.0))
+    fig, (ax,) = _new(figsize=(11.0, 5.4))
     lv = ax.twinx()
     ax.set_zorder(lv.get_zorder() + 1)
     ax.patch.set_visible(False)
     t = [float(s[0]) for s in samples]
     end = float(doc.get("duration_s") or (t[-1] if t else 1.0))
+    phases = list(doc.get("phases") or [])
+    for i, ph in enumerate(phases):  # benchmarks/serve_ladder.py: when which rungs were slowed on purpose
+        stop = float(phases[i + 1]["at_s"]) if i + 1 < len(phases) else end
+        if ph.get("slow"):
+            first = all(not q.get("slow") for q in phases[:i])
+            ax.axvspan(float(ph["at_s"]), stop, color="#fdae61", alpha=0.16, lw=0,
+                       label="slowdown injected" if first else None)  # fmt: skip
+            ax.text(float(ph["at_s"]) + 0.2, 0.02, "+" + ", ".join(ph["slow"]), transform=ax.get_xaxis_transform(),
+                    fontsize=8, color="#a6611a")  # fmt: skip
     lv.step(
         t, [int(s[1]) for s in samples], where="post", color=LEVEL, lw=2.6, alpha=0.85, label="ladder level (right)"
     )
@@ -557,7 +569,7 @@ def ladder_over_time(doc: Mapping[str, Any]) -> str:
     ax.grid(True, alpha=0.3)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = lv.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="upper right", fontsize=8.5, framealpha=0.9)
+    fig.legend(h1 + h2, l1 + l2, loc="outside lower center", ncols=3, fontsize=8.5, frameon=False)
     fig.suptitle(f"SLO guard ladder over time: {doc.get('model', '')} model, {doc.get('rate', '?')} req/s", fontsize=13)
     return to_data_uri(fig)
 

@@ -201,7 +201,10 @@ def _findings_section(inp: ReportInput) -> str:
             if ev.t_start_s is not None:
                 when = f"{ev.t_start_s:.1f}" + ("" if ev.t_end_s is None else f"-{ev.t_end_s:.1f}") + " s"
             ev_rows.append([_e(ev.label), f"{value} {_e(ev.unit)}".strip(), _e(when)])
-        evidence = _table(["evidence", "value", "when in the run"], ev_rows, num=(1,)) if ev_rows else ""
+        if not any(row[2] for row in ev_rows):  # no time ranges: no column for them
+            ev_rows = [row[:2] for row in ev_rows]
+        head = ["evidence", "value", "when in the run"][: len(ev_rows[0]) if ev_rows else 2]
+        evidence = _table(head, ev_rows, num=(1,)) if ev_rows else ""
         source = f' <span class="note">({_e(Path(f.source).name)}, rule {_e(f.rule)})</span>' if f.source else ""
         out.append(
             f'<div class="finding {_e(f.severity)}"><h3><span class="badge {_e(f.severity)}">{_e(f.severity)}</span> '
@@ -347,7 +350,7 @@ def _throughput_section(p: _Parsed) -> str:
         for r, lr in p.loads
         if lr.summary.get("achieved_rate") is not None
     ]
-    if pts:
+    if len(pts) >= 2:  # one run is one point: nothing to see against throughput
         slos = {s for _, lr in p.loads if (s := _slo_ms({"summary": lr.summary})) is not None}
         slo = slos.pop() if len(slos) == 1 else None
         cap = "Each load run's p50 and p99 against the rate it achieved."
