@@ -18,8 +18,13 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
+# The main job: the optimize lab on the built-in text workload (every candidate family, the default fidelity
+# budget, a 6-minute search cap), the chosen artifact + recipe in results/optimize-text/, then its HTML report.
 run: $(STAMP)
-	$(BIN)/latencylab profile --workload text --min-time 10 --json results/profile-text.json
+	$(BIN)/latencylab optimize --workload text --time-budget 360 --out results/optimize-text \
+		--json results/optimize-text.json
+	$(BIN)/latencylab report results/optimize-text.json -o results/optimize-text.html
+	@echo "report: results/optimize-text.html"
 
 system-deps:
 	@bash scripts/system-deps.sh
