@@ -966,6 +966,20 @@ def candidates(ctx: BuildContext) -> list[Candidate]:
                 f"dynamic INT8 per-channel, the {k} most harmful nodes (ranked under this recipe) in float",
             )
         )
+    for k in (2, 4):
+        specs.append(
+            (
+                f"ort-int8-dynamic-perchannel-fallback-k{k}-exact",
+                "shape",
+                {
+                    **_recipe(
+                        _dyn(per_channel=True, fallback={"policy": "sensitivity", "k": k, "feeds": SENSITIVITY_FEEDS})
+                    ),
+                    "shape_policy": "exact",
+                },
+                f"per-channel dynamic INT8 with the {k} most harmful nodes in float, on each input's real length",
+            )
+        )
     return [candidate_from_params(name, family, params, desc) for name, family, params, desc in specs]
 
 
