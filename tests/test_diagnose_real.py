@@ -83,3 +83,7 @@ def test_deep_returns_top_operators(tmp_path: Path) -> None:
         for n in ("aten::addmm", "aten::mm", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
     )
     assert sum(o["share"] for o in ops.details["operators"]) > 0.3
+    # the text probe's per-iteration shapes: the corpus mixes queries and passages
+    shapes = fs["shape-variance"]
+    assert shapes.details["waste"] == 0.0 and shapes.details["waste_batched"] > 1.0
+    assert len(shapes.details["edges"]) == 3 and shapes.details["waste_bucketed"] < shapes.details["waste_batched"]

@@ -9,7 +9,8 @@ shape-policy experiment). For a profile run one item at a time the current waste
 shapes still vary; batching those inputs in arrival order, ``BATCH`` at a time, padded to the longest, is
 what a plain dynamic batcher would do, so that waste is reported too. The recommended bucket edges come
 from :func:`latencylab.optimize.experiments.choose_buckets` (min-waste, 3 edges, 95% of inputs fit the
-largest, rounded up to multiples of 8); the waste they leave is each item padded to its bucket.
+largest, rounded up to multiples of 8) plus a last bucket at the longest length seen; the waste they leave
+is each item padded to its bucket.
 """
 
 from __future__ import annotations
@@ -106,8 +107,9 @@ def _profile_finding(r: LoadedResult, shapes_col: Sequence[Any], lengths_col: Se
             Evidence(f"padding waste with buckets {edges}", round(bucketed, 3), "padded/real"),
         ),
         recommendation=(
-            f"group inputs into length buckets with edges {edges} (inputs above {edges[-1]} go to the model's maximum; "
-            f"{COVERAGE:.0%} of these inputs fit) and batch within a bucket: padding waste {bucketed:.2f} instead of "
+            f"group inputs into length buckets with edges {edges} plus a last bucket at the maximum length ({cap} "
+            f"here; {COVERAGE:.0%} of these inputs fit the edges) and batch within a bucket: padding waste "
+            f"{bucketed:.2f} instead of "
             f"{max(current, naive):.2f}; static-shape compilers (torch.compile dynamic=False, TensorRT optimisation "
             f"profiles) then see {len(edges) + 1} shapes instead of {distinct}; "
             "`python -m latencylab.optimize.experiments` measures fixed vs exact vs bucketed padding"
