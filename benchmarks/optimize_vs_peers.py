@@ -124,10 +124,10 @@ def report(workload: str, runs: list[dict[str, Any]]) -> bool:
         for n in dict.fromkeys(names):
             c = rows.get(n)
             if c is None:
-                print(f"  {n:<38} (not in the comparison)")
+                print(f"  {n:<52} (not in the comparison)")
                 continue
             if c.get("p50_ms") is None:
-                print(f"  {n:<38} {c['status']}: {c.get('reason', '')}")
+                print(f"  {n:<52} {c['status']}: {c.get('reason', '')}")
                 continue
             f = c.get("fidelity") or {}
             tag = "latencylab" if n == run["chosen"] else ("eager" if n == "torch-fp32" else "peer")
