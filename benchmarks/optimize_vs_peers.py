@@ -118,7 +118,7 @@ def report(workload: str, runs: list[dict[str, Any]]) -> bool:
             f"threads {run['threads']}: search {run['search_s']:.0f} s, "
             f"latencylab chose {run['chosen'] or 'nothing (no improvement found)'}"
         )
-        print(f"  {'variant':<38} {'p50 ms':>8} {'p99 ms':>8} {'x eager':>8} {'cos mean':>9} {'cos min':>8} "
+        print(f"  {'variant':<52} {'p50 ms':>8} {'p99 ms':>8} {'x eager':>8} {'cos mean':>9} {'cos min':>8} "
               f"{'acc':>6}  budget")  # fmt: skip
         names = ["torch-fp32", *PEERS, *([run["chosen"]] if run["chosen"] and run["chosen"] not in PEERS else [])]
         for n in dict.fromkeys(names):
@@ -133,7 +133,7 @@ def report(workload: str, runs: list[dict[str, Any]]) -> bool:
             tag = "latencylab" if n == run["chosen"] else ("eager" if n == "torch-fp32" else "peer")
             acc = f.get("accuracy")
             print(
-                f"  {n + ' (' + tag + ')':<38} {c['p50_ms']:>8.2f} {c['p99_ms']:>8.2f} {b50 / c['p50_ms']:>7.2f}x "
+                f"  {n + ' (' + tag + ')':<52} {c['p50_ms']:>8.2f} {c['p99_ms']:>8.2f} {b50 / c['p50_ms']:>7.2f}x "
                 f"{(f.get('cos_mean') or float('nan')):>9.4f} {(f.get('cos_min') or float('nan')):>8.4f} "
                 f"{'-' if acc is None else f'{acc:.3f}':>6}  {'meets' if _check(budget, f) else 'fails'}"
             )
