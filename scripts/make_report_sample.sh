@@ -3,7 +3,7 @@
 #
 #   1. optimize: the vision CNN, a handful of torch / ONNX Runtime candidates, 3 interleaved rounds;
 #   2. profile:  the vision pipeline for 5 s (stage breakdown, held to examples/budget-vision.toml);
-#   3. load:     `latencylab serve --model vision` in the background; one open-loop run at a fixed rate
+#   3. load:     `latencylab serve --model vision` in the background; open-loop runs at 40 and 80 req/s
 #                and a capacity search for p99 <= 50 ms (latency vs throughput);
 #   4. ladder:   benchmarks/serve_ladder.py --quick (the SLO guard stepping down and back up);
 #   5. report:   docs/report-sample.html, and a screenshot of its first screen by headless Chromium
@@ -11,7 +11,7 @@
 #
 # About 4 minutes on a 2-core VM. Heavy runs are serialised with the other benchmarks:
 #   flock /tmp/latencylab-bench.lock scripts/make_report_sample.sh [OUT_DIR]
-# OUT_DIR (default /tmp/latencylab-report-sample) keeps the result JSON files.
+# OUT_DIR (default /tmp/latencylab-report-sample) keeps the result JSON files; REPORT_ONLY=1 only redraws from them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -20,6 +20,7 @@ OUT=${1:-/tmp/latencylab-report-sample}
 mkdir -p "$OUT" docs/img
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
+if [ -z "${REPORT_ONLY:-}" ]; then  # REPORT_ONLY=1: redraw the report from the JSON files of an earlier run
 echo "== optimize (vision)"
 "${LL[@]}" optimize --workload vision --families torch,onnxruntime \
   --only torch-int8-dynamic,ort-fp32,ort-int8-dynamic-default,ort-int8-static-minmax-perchannel \
@@ -43,8 +44,10 @@ done
 "${LL[@]}" load --url "$URL" --model vision --rate 20 --max-requests 20 --quiet >/dev/null
 "${LL[@]}" load --url "$URL" --model vision --rate 40 --duration 15 --slo p99=50ms --quiet \
   --json "$OUT/load-vision-40rps.json" | tail -4
+"${LL[@]}" load --url "$URL" --model vision --rate 80 --duration 10 --slo p99=50ms --quiet \
+  --json "$OUT/load-vision-80rps.json" | tail -1
 "${LL[@]}" load --url "$URL" --model vision --find-capacity --slo p99=50ms --start-rate 40 --max-rate 2000 \
-  --step-duration 3 --precision 0.15 --quiet --json "$OUT/capacity-vision.json" | tail -2
+  --step-duration 5 --precision 0.15 --quiet --json "$OUT/capacity-vision.json" | tail -2
 kill "$SERVER"
 wait "$SERVER" 2>/dev/null || true
 trap - EXIT
@@ -52,8 +55,11 @@ trap - EXIT
 echo "== SLO guard ladder (benchmarks/serve_ladder.py --quick)"
 "$PY" benchmarks/serve_ladder.py --quick --plot '' --json "$OUT/serve-ladder-vision.json" | tail -1
 
+fi
+
 echo "== report"
-"${LL[@]}" report "$OUT/profile-vision.json" "$OUT/load-vision-40rps.json" "$OUT/capacity-vision.json" \
+"${LL[@]}" report "$OUT/profile-vision.json" "$OUT/load-vision-40rps.json" "$OUT/load-vision-80rps.json" \
+  "$OUT/capacity-vision.json" \
   "$OUT/optimize-vision.json" "$OUT/serve-ladder-vision.json" --latency-budget examples/budget-vision.toml \
   --title "latencylab sample report: vision workload" -o docs/report-sample.html
 

@@ -541,7 +541,7 @@ def ladder_over_time(doc: Mapping[str, Any]) -> str:
             start = float(s[0])
         elif not s[3] and start is not None:
             lv.axvspan(start, float(s[0]), color=DEADLINE, alpha=0.12, lw=0)
-            lv.text(start, nlev - 0.62, " ALARM", color=DEADLINE, fontsize=9, fontweight="bold")
+            lv.text(start, -0.55, " ALARM", color=DEADLINE, fontsize=9, fontweight="bold", va="center")
             start = None
     for tr in doc.get("transitions") or []:
         sw = tr.get("switch_time_s")
