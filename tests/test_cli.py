@@ -88,7 +88,7 @@ def test_env_json_and_diff(tmp_path: Path) -> None:
         ),
         (
             ["profile", "--workload", "nope"],
-            "latencylab profile: error: unknown workload 'nope'; choose one of onnx, synthetic, text, vision",
+            "latencylab profile: error: unknown workload 'nope'; choose one of compiled, onnx, synthetic, text, vision",
         ),
         (
             ["profile", "--pipeline", "nomodule"],

@@ -164,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     dg = sub.add_parser("diagnose", help="findings with evidence from result files (profile, load, optimize, serve)")
     dg.add_argument("results", nargs="*", metavar="RESULT.json", help="result files to examine")
-    dg.add_argument("--workload", choices=["text", "vision", "synthetic"], help="profile this workload first")
+    dg.add_argument(
+        "--workload", choices=["text", "vision", "synthetic", "compiled"], help="profile this workload first"
+    )
     dg.add_argument("--deep", action="store_true", help="sandwich: slowest stage -> system metrics -> operators")
     dg.add_argument("--roofline", action="store_true", help="place the forward pass on this machine's roofline")
     dg.add_argument("--json", metavar="PATH", help="write the findings as JSON")
