@@ -151,8 +151,9 @@ def _glance(r: LoadedResult) -> str:
     d, s = r.doc, r.doc.get("summary") or {}
     if r.kind == "profile":
         e = s.get("end_to_end") or {}
+        n = int(e.get("n") or len(d.get("iteration_start_ns") or []))
         return (
-            f"{_e(d.get('workload'))}: {e.get('n', '?'):,} iterations; p50 {_ms(e.get('p50_ms'))} ms, "
+            f"{_e(d.get('workload'))}: {n:,} iterations; p50 {_ms(e.get('p50_ms'))} ms, "
             f"p99 {_ms(e.get('p99_ms'))} ms, p99.9 {_ms(e.get('p99_9_ms'))} ms"
         )
     if r.kind == "load":
