@@ -104,6 +104,24 @@ def test_latencylab_load_drives_latencylab_serve(vision_server: str, tmp_path: P
 
 
 @pytest.mark.slow
+def test_load_reconciles_against_a_server_that_has_served_nothing_yet(tmp_path: Path) -> None:
+    """A fresh server's /metrics has no stage samples before the run: the reconciliation must still happen."""
+    proc, url = _start(["--model", "vision", "--threads", "1"])
+    try:
+        out = tmp_path / "load.json"
+        p = subprocess.run(
+            [sys.executable, "-m", "latencylab", "load", "--url", url, "--model", "vision", "--rate", "20",
+             "--duration", "2", "--json", str(out)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        _stop(proc)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(out.read_text())
+    assert d["server"] is not None and d["server"]["server_requests"] == d["summary"]["ok"] > 10
+
+
+@pytest.mark.slow
 def test_real_prometheus_computes_p99_with_histogram_quantile(vision_server: str, tmp_path: Path) -> None:
     prom = shutil.which("prometheus")
     if prom is None:

@@ -44,7 +44,9 @@ def scrape(url: str, timeout_s: float = 5.0) -> dict[tuple[str, str], float] | N
     if status != 200:
         return None
     metrics = parse_prometheus(body.decode("utf-8", "replace"))
-    return metrics if any(k[0].startswith(STAGE_METRIC) for k in metrics) else None
+    # A latencylab server that has served nothing yet has no stage samples, only its other series: it is
+    # still latencylab's (a fresh server must not lose the reconciliation of its first run).
+    return metrics if any(k[0].startswith(("latencylab_server_", STAGE_METRIC)) for k in metrics) else None
 
 
 def _stage(labels: str) -> str:

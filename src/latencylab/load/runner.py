@@ -38,7 +38,8 @@ def load_test(
         summary["stopped_early"] = run.stopped_early
     server = None
     if before is not None and after is not None and "uncorrected_mean_ms" in summary:
-        server = reconcile(server_stage_means(before, after), summary["uncorrected_mean_ms"])
+        stages = server_stage_means(before, after)
+        server = reconcile(stages, summary["uncorrected_mean_ms"]) if stages else None
     if env is None:
         from latencylab.env import fingerprint
 
