@@ -116,7 +116,7 @@ MAX_BLOCK_FRACTION = 0.1  # a block never spans more than a tenth of the run
 
 
 def block_length(series: npt.ArrayLike) -> int:
-    """Block length for the bootstrap of a time series: its integrated autocorrelation time, rounded up.
+    """Block length for the bootstrap of a time series: twice its integrated autocorrelation time.
 
     Latency samples of one run are not independent when the machine's state
     drifts or comes in bursts (another process takes the CPU for a while, a
@@ -125,7 +125,11 @@ def block_length(series: npt.ArrayLike) -> int:
     would give too narrow intervals. Algorithm: ranks of the series (robust
     to outliers), autocorrelations rho_k by FFT, summed while they stay above
     the 2/sqrt(n) noise level (Geyer's initial-sequence idea); tau = 1 + 2
-    sum rho_k. 1 (plain bootstrap) when tau < 1.5; at most n/10.
+    sum rho_k; block = ceil(2 tau), 1 (plain bootstrap) when tau < 1.5, at
+    most n/10. Blocks of length tau would still understate the variance
+    (the correlation across block edges is lost); 2 tau recovers most of it.
+    Strongly correlated runs still get somewhat too narrow CIs (measured in
+    docs/bench-sections/compare.md): the cure is more iterations.
     """
     x = np.asarray(series, dtype=np.float64).ravel()
     n = x.size
@@ -145,7 +149,7 @@ def block_length(series: npt.ArrayLike) -> int:
     tau = 1.0 + 2.0 * float(acf[1:k_end].sum())
     if tau < 1.5:
         return 1
-    return int(min(math.ceil(tau), max(1, int(n * MAX_BLOCK_FRACTION))))
+    return int(min(math.ceil(2.0 * tau), max(1, int(n * MAX_BLOCK_FRACTION))))
 
 
 # ------------------------------------------------------------------------------------------ estimators
