@@ -31,7 +31,7 @@ def _value(v: float, unit: str) -> str:
 
 def _change(v: float, unit: str) -> str:
     if unit == "ns":
-        return f"{v / 1e6:+.3g} ms"
+        return f"{v / 1e6:+.3g} ms" if abs(v) >= 1e6 or v == 0 else f"{v / 1e3:+.3g} us"
     if unit == "1/s":
         return f"{v:+.3g}/s"
     return f"{v * 100:+.3g} pp"
@@ -46,7 +46,7 @@ def _pct(v: float | None) -> str:
 
 
 def _ci(m: MetricDelta) -> str:
-    if m.rel_ci_low is None or m.rel_ci_high is None:
+    if m.rel_ci_low is None or m.rel_ci_high is None or m.unit == "fraction":  # an error rate's CI reads in pp
         return f"[{_change(m.ci_low, m.unit)}, {_change(m.ci_high, m.unit)}]"
     return f"[{_pct(m.rel_ci_low)}, {_pct(m.rel_ci_high)}]"
 
@@ -129,6 +129,7 @@ def render(c: Comparison, console: Console) -> None:
             f"change = candidate - baseline; {conf} CI of the change by percentile bootstrap (B={c.n_boot}); "
             f"flagged when the CI excludes 0 and |change| >= {c.noise:.0%}; rank: Mann-Whitney U; "
             "* = fewer than 10 samples beyond the percentile"
+            + ("; run: Poisson (throughput) and Fisher (error rate) tests" if c.rates else "")
         ),
     )
     for col, just in (
