@@ -319,3 +319,27 @@ def test_workers_share_the_predicted_backlog() -> None:
     w2 = two.predicted_finish_ns(0) / 1e9
     assert w1 == pytest.approx(0.22)  # 10 ahead + its own, one at a time
     assert w2 == pytest.approx(0.12)  # 10 ahead shared by two workers + its own
+
+
+def test_one_stall_cannot_make_the_model_shed_forever() -> None:
+    m = LatencyModel()
+    m.observe(1, 0.002)
+    m.observe(1, 0.190)  # one 190-ms hiccup: clipped to 4x before the EWMA
+    assert m.predict(1) == pytest.approx(0.002 + 0.2 * (0.008 - 0.002))
+    for _ in range(30):  # a real, lasting slowdown is still learned
+        m.observe(1, 0.050)
+    assert m.predict(1) == pytest.approx(0.050, rel=0.02)
+
+
+def test_admission_probes_after_shedding_everything_for_a_while() -> None:
+    b = Batcher(SleepVariant(base=0.05, per_item=0.0), max_batch_size=1, max_delay_s=0.001, max_queue=8)
+    b.model.observe(1, 0.05)
+    b.probe_after_ns = ms(100)
+    t = 10**12
+    b.admit(t + ms(1000), t)  # admitted (feasible)
+    b.unreserve()
+    with pytest.raises(Shed):
+        b.admit(t + ms(60) + ms(10), t + ms(60))  # infeasible, and the last admission is recent: shed
+    b.admit(t + ms(200) + ms(10), t + ms(200))  # infeasible, but nothing admitted for 200 ms: a probe goes in
+    with pytest.raises(Shed):
+        b.admit(t + ms(210) + ms(10), t + ms(210))

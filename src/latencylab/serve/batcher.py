@@ -58,12 +58,18 @@ class LatencyModel:
     (and extrapolated from the largest with its per-item cost).
     """
 
-    def __init__(self, alpha: float = 0.2) -> None:
+    def __init__(self, alpha: float = 0.2, clip: float = 4.0) -> None:
         self.alpha = alpha
+        self.clip = clip
         self.by_size: dict[int, float] = {}
 
     def observe(self, size: int, seconds: float) -> None:
+        """Fold one measured batch time in. A single stall is clipped to ``clip`` x the estimate first, so one
+        190-ms hiccup cannot make every later admission look infeasible (a real slowdown still raises the
+        estimate by up to ``alpha * (clip - 1)`` per batch and is learned within a few batches)."""
         old = self.by_size.get(size)
+        if old is not None:
+            seconds = min(seconds, self.clip * old)
         self.by_size[size] = seconds if old is None else old + self.alpha * (seconds - old)
 
     def predict(self, size: int) -> float:
@@ -133,6 +139,10 @@ class Batcher:
         self._last_arrival: int | None = None
         self._gap_s = 1.0  # EWMA of the time between arrivals
         self._reserved = 0  # admitted, still preprocessing: ahead of any later admission
+        self._last_admit_ns: int | None = None
+        # Shedding everything means no request runs, so no estimate is ever corrected: after this long
+        # without an admission, the next request is admitted whatever the prediction says (a probe).
+        self.probe_after_ns = 1_000_000_000
         self._on_batch = on_batch
         self._on_depth = on_depth
         self._task: asyncio.Task[None] | None = None
@@ -192,8 +202,10 @@ class Batcher:
         if depth >= self.max_queue:
             raise Shed("queue_full", max(0.1, self.model.predict(self.max_batch) * depth / self.max_batch))
         finish = self.predicted_finish_ns(now) + lead_ns
-        if finish > deadline_ns:
+        starved = self._last_admit_ns is not None and now - self._last_admit_ns > self.probe_after_ns
+        if finish > deadline_ns and not starved:
             raise Shed("deadline", max(0.1, (finish - now) / 1e9))
+        self._last_admit_ns = now
         self._reserved += 1
 
     def unreserve(self) -> None:

@@ -229,7 +229,10 @@ class ModelService:
             )
         finally:
             self.preprocessing -= 1
-        self.pre_s = took if self.pre_s == 0.0 else self.pre_s + 0.1 * (took - self.pre_s)
+        if self.pre_s == 0.0:
+            self.pre_s = took
+        else:  # EWMA, one stall clipped to 4x the estimate (it must not make every admission look infeasible)
+            self.pre_s += 0.1 * (min(took, 4 * self.pre_s) - self.pre_s)
         return item
 
     def _shadow(self, request: InferRequest, level: int, deadline_ms: float) -> None:
