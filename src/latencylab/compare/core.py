@@ -465,8 +465,9 @@ LOAD_SERIES = {"latency": "corrected_ok", "uncorrected": "uncorrected_ok"}
 
 def _load_side(doc: Mapping[str, Any]) -> _Side:
     from latencylab.histogram import LatencyHistogram
+    from latencylab.results import SCHEMA_VERSION
 
-    if doc.get("schema_version") != 1:
+    if doc.get("schema_version") != SCHEMA_VERSION:
         raise LatencyLabError(f"unsupported load result schema_version {doc.get('schema_version')!r}")
     try:
         hists, summary = doc["histograms"], doc["summary"]
