@@ -154,6 +154,11 @@ class OrtRunner:
         out = self.session.run([self.output_name], inputs)[0]
         return np.asarray(out, dtype=np.float32)
 
+    @property
+    def model_path(self) -> Path:
+        """The ONNX file this session runs (what ``optimize --out`` exports)."""
+        return self.path
+
     def close(self) -> None:
         self.session = None
 
