@@ -398,7 +398,7 @@ def exceedance_test(baseline: Binned, candidate: Binned) -> float:
     all belong to the sample with the larger maximum (n_1 of N values) is
     C(n_1, k) / C(N, k); k counts that sample's values above the other's
     maximum. A single outlier never reaches significance (p ~ 1 at equal
-    sizes); about five values beyond the other run's maximum do (p ~ 0.06 at
+    sizes); six values beyond the other run's maximum do (p ~ 0.06 at
     k = 5, 0.03 at k = 6 for equal sizes).
     """
     if candidate.values[-1] == baseline.values[-1]:
