@@ -91,3 +91,47 @@ def test_an_onnx_runtime_choice_is_exported_as_its_onnx_file(tmp_path: Path) -> 
     np.testing.assert_allclose(sess.run(None, {"pixels": feed["pixels"]})[0], ref, atol=1e-4)
     recipe = json.loads(Path(doc["recipe"]).read_text())
     assert recipe["artifact"] == "model.onnx" and recipe["backend"] == "onnxruntime"
+
+
+def _vision_onnx(tmp_path: Path) -> Path:
+    from latencylab.optimize.adapters import VisionAdapter
+
+    return VisionAdapter().export_onnx(tmp_path / "user-model.onnx")
+
+
+def test_a_users_onnx_file_is_optimised_with_onnx_runtime_only(tmp_path: Path) -> None:
+    from latencylab.cli import main
+
+    model = _vision_onnx(tmp_path)
+    out = tmp_path / "opt.json"
+    rc = main(["optimize", "--model", str(model), "--only", "ort-int8-dynamic-default,ort-fp32-basic",
+               "--rounds", "2", "--quiet", "--out", str(tmp_path / "best"), "--json", str(out)])  # fmt: skip
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    names = [c["name"] for c in doc["candidates"]]
+    assert names == ["ort-fp32", "ort-fp32-basic", "ort-int8-dynamic-default"]  # no torch family, ORT baseline
+    assert doc["summary"]["baseline"]["name"] == "ort-fp32"
+    base = doc["candidates"][0]
+    assert base["fidelity"]["cos_min"] == pytest.approx(1.0)
+    # generated float inputs: the int8 variant is judged by cosine against the FP32 session
+    assert 0.5 < doc["candidates"][2]["fidelity"]["cos_mean"] <= 1.0
+    assert doc["model"]["model_path"] == str(model.resolve()) and doc["model"]["input_origin"] == "generated"
+
+
+def test_optimize_model_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
+    from latencylab.cli import main
+
+    bad = tmp_path / "not.onnx"
+    bad.write_bytes(b"nope")
+    assert main(["optimize", "--model", str(bad), "--quiet"]) == 2
+    assert main(["optimize", "--inputs", str(bad), "--quiet"]) == 2
+    assert main(["optimize", "--pipeline", "no_such_module:make", "--quiet"]) == 2
+    assert main(["optimize", "--pipeline", "json:dumps", "--quiet"]) in (2, 70)
+
+
+def test_a_pipeline_factory_supplies_the_adapter(tmp_path: Path) -> None:
+    cfg = LabConfig(workload="pipeline", pipeline="optimize_factory:make", families=("torch",), only=("torch-bf16",),
+                    rounds=2)  # fmt: skip
+    doc = run_lab(cfg, workdir=tmp_path / "work")
+    assert doc["model"]["model"] == "digits CNN (from a --pipeline factory)"
+    assert [c["name"] for c in doc["candidates"]] == ["torch-fp32", "torch-bf16"]

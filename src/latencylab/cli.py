@@ -149,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     op = sub.add_parser("optimize", help="search optimisation variants; keep the fastest inside the accuracy budget")
     op.add_argument("--workload", default="text", choices=["text", "vision"])
+    op.add_argument("--model", help="optimize a user's ONNX file instead (ONNX Runtime candidates)")
+    op.add_argument("--inputs", help="an .npz of inputs for --model (default: generated from declared shapes)")
+    op.add_argument("--pipeline", metavar="MOD:FN", help="a factory returning a ModelAdapter (optimize/types.py)")
+    op.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="--model: e.g. dim.seq=64")
     op.add_argument("--budget", help='fidelity budget, e.g. "cos>=0.99,min_cos>=0.98" or "accuracy_drop<=1%%"')
     op.add_argument("--threads", type=_positive_int, default=1, help="intra-op threads for every variant")
     op.add_argument("--time-budget", type=_positive_float, default=600.0, help="seconds; later candidates skip")

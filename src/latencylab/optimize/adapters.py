@@ -180,9 +180,113 @@ class VisionAdapter:
         return {"model": "digits CNN", "res": self.res, "batch_size": self.batch_size, "heldout_images": 360}
 
 
+class OnnxFileAdapter:
+    """A user's ONNX file: ONNX Runtime families only (there is no torch module to transform).
+
+    Inputs come from ``--inputs`` (an .npz, as ``latencylab profile --model``) or are generated from the
+    declared input shapes (``dim.<name>=N`` params fix symbolic dims). Feeds are split by index: every fifth
+    one is for calibration, the others are held out for fidelity and latency. Fidelity is cosine against
+    the FP32 session's first output (``output_kind = "embedding"``); state another budget (e.g. ``top1>=0.99``)
+    for classifiers.
+    """
+
+    name = "onnx"
+    output_kind = "embedding"
+    has_torch = False
+
+    def __init__(
+        self,
+        model_path: str,
+        inputs_path: str | None = None,
+        batch_size: int = 1,
+        params: dict[str, str] | None = None,
+        n_feeds: int = 40,
+    ) -> None:
+        from latencylab.workloads import WorkloadOptions
+        from latencylab.workloads.onnx_model import build
+
+        self.model_path = str(Path(model_path).resolve())
+        self.inputs_path = inputs_path
+        self.batch_size = batch_size
+        pipe = build(WorkloadOptions(batch_size=batch_size, model_path=model_path, inputs_path=inputs_path,
+                                     params=dict(params or {})))  # fmt: skip
+        self._meta = dict(pipe.metadata)
+        self.input_names = tuple(str(i["name"]) for i in self._meta["inputs"])
+        pool = int(self._meta.get("pool_size") or 1)
+        feeds = [dict(pipe.source(i)) for i in range(max(pool, 1))]
+        while len(feeds) < n_feeds and pool > 1:
+            feeds += feeds[: n_feeds - len(feeds)]
+        held = [f for i, f in enumerate(feeds) if i % 5 != 0]
+        calib = [f for i, f in enumerate(feeds) if i % 5 == 0]
+        self._held = held or feeds
+        self._calib = calib or feeds
+
+    def torch_model(self) -> Any:
+        raise LatencyLabError("an ONNX file has no torch module: only the onnxruntime family applies")
+
+    def export_onnx(self, path: Path, opset: int = 17) -> Path:
+        import shutil
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.model_path, path)
+        return path
+
+    def heldout(self) -> list[Feed]:
+        return self._held
+
+    def calibration(self) -> list[Feed]:
+        return self._calib
+
+    def labels(self) -> np.ndarray | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": Path(self.model_path).name,
+            "model_path": self.model_path,
+            "model_sha256": self._meta.get("model_sha256"),
+            "inputs_path": self.inputs_path,
+            "input_origin": self._meta.get("input_origin"),
+            "batch_size": self.batch_size,
+            "heldout_feeds": len(self._held),
+            "calibration_feeds": len(self._calib),
+        }
+
+
+def load_adapter_factory(spec: str, **kwargs: Any) -> Any:
+    """``package.module:function`` -> the ModelAdapter it returns (called with batch_size=..., seq_len=...)."""
+    import importlib
+
+    mod_name, sep, fn_name = spec.partition(":")
+    if not sep or not mod_name or not fn_name:
+        raise LatencyLabError(f"--pipeline {spec!r} must look like package.module:function")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as exc:
+        raise LatencyLabError(f"--pipeline {spec}: cannot import it ({type(exc).__name__}: {exc})") from None
+    adapter = fn(**kwargs)
+    needed = ("name", "input_names", "output_kind", "torch_model", "export_onnx", "heldout", "calibration", "labels")
+    missing = [m for m in (*needed, "describe") if not hasattr(adapter, m)]
+    if missing:
+        raise LatencyLabError(f"--pipeline {spec}: the object it returns is not a ModelAdapter (missing {missing})")
+    return adapter
+
+
 def adapter_for(workload: str, **kwargs: Any) -> Any:
     if workload == "text":
-        return TextAdapter(**kwargs)
+        return TextAdapter(**{k: v for k, v in kwargs.items() if k in ("seq_len", "batch_size")})
     if workload == "vision":
         return VisionAdapter(**{k: v for k, v in kwargs.items() if k in ("batch_size", "res")})
-    raise LatencyLabError(f"optimize: unknown workload {workload!r}; built-in: text, vision")
+    if workload == "onnx":
+        if not kwargs.get("model_path"):
+            raise LatencyLabError("optimize: workload onnx needs --model FILE.onnx")
+        return OnnxFileAdapter(
+            kwargs["model_path"], kwargs.get("inputs_path"), kwargs.get("batch_size", 1), kwargs.get("params")
+        )
+    if workload == "pipeline":
+        if not kwargs.get("pipeline"):
+            raise LatencyLabError("optimize: workload pipeline needs --pipeline package.module:function")
+        return load_adapter_factory(
+            kwargs["pipeline"], batch_size=kwargs.get("batch_size", 1), seq_len=kwargs.get("seq_len")
+        )
+    raise LatencyLabError(f"optimize: unknown workload {workload!r}; built-in: text, vision (or --model, --pipeline)")

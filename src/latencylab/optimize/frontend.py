@@ -67,8 +67,17 @@ def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
         if args.recipe:
             doc = apply_recipe(Path(args.recipe), progress)
         else:
+            if args.model and args.pipeline:
+                raise LatencyLabError("give either --model or --pipeline, not both")
+            if args.inputs and not args.model:
+                raise LatencyLabError("--inputs only applies with --model")
+            workload = "onnx" if args.model else ("pipeline" if args.pipeline else args.workload)
             cfg = LabConfig(
-                workload=args.workload,
+                workload=workload,
+                model_path=args.model,
+                inputs_path=args.inputs,
+                pipeline=args.pipeline,
+                params=tuple(args.param),
                 budget=args.budget,
                 threads=args.threads,
                 time_budget_s=args.time_budget,

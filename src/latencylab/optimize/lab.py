@@ -38,6 +38,10 @@ class LabConfig:
     seq_len: int | None = 128
     batch_size: int = 1
     only: tuple[str, ...] = ()  # candidate names to keep (besides the baseline); empty = all
+    model_path: str | None = None  # workload "onnx": the user's ONNX file
+    inputs_path: str | None = None  # workload "onnx": an .npz of inputs (default: generated)
+    pipeline: str | None = None  # workload "pipeline": package.module:function returning a ModelAdapter
+    params: tuple[str, ...] = ()  # workload "onnx": key=value workload params (dim.<name>=N, ...)
 
 
 def _candidates(ctx: BuildContext, families: Sequence[str]) -> list[Candidate]:
@@ -74,7 +78,15 @@ def make_context(cfg: LabConfig, workdir: Path) -> BuildContext:
 
     fp = fingerprint(sample_s=0.0)
     isa = frozenset(fp.get("cpu", {}).get("isa") or ())
-    adapter = adapter_for(cfg.workload, seq_len=cfg.seq_len, batch_size=cfg.batch_size)
+    adapter = adapter_for(
+        cfg.workload,
+        seq_len=cfg.seq_len,
+        batch_size=cfg.batch_size,
+        model_path=cfg.model_path,
+        inputs_path=cfg.inputs_path,
+        pipeline=cfg.pipeline,
+        params=dict(p.partition("=")[::2] for p in cfg.params),
+    )
     return BuildContext(adapter, workdir, threads=cfg.threads, isa=isa)
 
 
@@ -168,7 +180,10 @@ def run_lab(
     tmp = Path(tempfile.mkdtemp(prefix="latencylab-opt-")) if workdir is None else workdir
     ctx = make_context(cfg, tmp)
     _set_threads(cfg.threads)
-    cands = _order(_candidates(ctx, cfg.families), cfg.only)
+    families = cfg.families
+    if not getattr(ctx.adapter, "has_torch", True):  # e.g. an ONNX file: nothing for the torch family to transform
+        families = tuple(f for f in families if f != "torch") or ("onnxruntime",)
+    cands = _order(_candidates(ctx, families), cfg.only)
     budget = Budget.parse(cfg.budget or DEFAULT_BUDGETS[ctx.adapter.output_kind])
     res = search(ctx, cands, budget, cfg.rounds, cfg.per_round, time_budget_s=cfg.time_budget_s, progress=progress)
     doc = result_dict(cfg, ctx, res, env)
@@ -184,6 +199,7 @@ def run_lab(
             "schema_version": SCHEMA_VERSION,
             "kind": "recipe",
             "workload": cfg.workload,
+            "pipeline": cfg.pipeline,
             "model": ctx.adapter.describe(),
             "candidate": chosen.name,
             "family": chosen.family,
@@ -217,10 +233,13 @@ def apply_recipe(path: Path, progress: ProgressFn | None = None, rounds: int = 1
         families=(_family_of(recipe["backend"]),) if recipe["backend"] != "torch" else ("torch",),
         seq_len=model.get("seq_len", 128),
         batch_size=int(model.get("batch_size", 1)),
+        model_path=model.get("model_path"),
+        inputs_path=model.get("inputs_path"),
+        pipeline=recipe.get("pipeline"),
         only=(recipe["candidate"],),
         rounds=rounds,
     )
-    if cfg.families != ("torch",):  # the baseline (torch-fp32) comes from the torch family
+    if cfg.families != ("torch",) and cfg.workload != "onnx":  # the baseline (torch-fp32): the torch family
         cfg = dataclasses.replace(cfg, families=("torch", *cfg.families))
     tmp = Path(tempfile.mkdtemp(prefix="latencylab-recipe-"))
     ctx = make_context(cfg, tmp)
