@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from latencylab.diagnose.rules import batching, environment, periodic, preprocess, shapes, spikes, transfer, variants
+from latencylab.diagnose.rules import (
+    batching,
+    environment,
+    periodic,
+    preprocess,
+    roofline,
+    shapes,
+    spikes,
+    transfer,
+    variants,
+)
 from latencylab.diagnose.types import Finding, LoadedResult
 
 Rule = Callable[[Sequence[LoadedResult]], list[Finding]]
@@ -22,6 +32,7 @@ RULES: dict[str, Rule] = {
     "transfer-blocking": transfer.rule,
     "environment": environment.rule,  # thread-oversubscription, noisy-environment
     "variants": variants.rule,  # int8-slower, prune-no-faster
+    "roofline": roofline.rule,  # optimize variants placed on this machine's roofline (peaks cached per machine)
 }
 
 __all__ = ["RULES", "Rule"]
