@@ -201,7 +201,9 @@ class Batcher:
         depth = len(self._heap) + self._reserved
         if depth >= self.max_queue:
             raise Shed("queue_full", max(0.1, self.model.predict(self.max_batch) * depth / self.max_batch))
-        finish = self.predicted_finish_ns(now) + lead_ns
+        # the same margin the release plans with (timer granularity, hand-over, answer): an admission that
+        # only fits without it would be released late and fail with a 504 instead of a clean 503 now
+        finish = self.predicted_finish_ns(now) + lead_ns + self.margin_ns
         starved = self._last_admit_ns is not None and now - self._last_admit_ns > self.probe_after_ns
         if finish > deadline_ns and not starved:
             raise Shed("deadline", max(0.1, (finish - now) / 1e9))
