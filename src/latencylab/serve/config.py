@@ -20,6 +20,8 @@ Example (``serve.toml``)::
     max_queue = 256             # beyond this, requests are shed with 503 + Retry-After
     default_deadline_ms = 30000 # deadline of requests that do not state one
     compute_workers = 1         # batches computed at once per variant (with --threads 1: one core each)
+    long_input_threads = 2      # optional (text): a batch whose longest input has >= long_input_tokens tokens
+    long_input_tokens = 96      #   runs on this many intra-op threads (the others on --threads)
     cache_ttl_s = 60
     cache_entries = 10000
     [models.guard]              # optional overrides of GuardConfig
@@ -52,6 +54,8 @@ class ModelConfig:
     cache_ttl_s: float = 60.0
     cache_entries: int = 10_000
     compute_workers: int = 1
+    long_input_threads: int | None = None
+    long_input_tokens: int = 96
     guard: dict[str, Any] = field(default_factory=dict)
     # "package.module:function": called as function(variant_names, max_batch_size, device) -> list of Variants,
     # for models that are not built in (e.g. an exported artifact wrapped in a Variant).

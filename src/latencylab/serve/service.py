@@ -55,6 +55,7 @@ class ModelService:
         metrics: ServerMetrics,
         preprocess_pool: concurrent.futures.Executor,
         on_alarm: Any = None,
+        compute_threads: int | None = None,
     ) -> None:
         if [v.name for v in variants] != list(cfg.variants):
             raise ValueError("variants must follow the ladder order")
@@ -73,6 +74,11 @@ class ModelService:
         self.pre_s = 0.0  # EWMA of one preprocess call
         self.pool_workers = max(1, int(getattr(preprocess_pool, "_max_workers", 1)))
         self.caching = "cache" in self.ladder  # only a ladder with a cache rung stores answers
+        self.compute_threads = compute_threads
+        for v in self.variants:  # long inputs on more threads (variants that support it: text)
+            if cfg.long_input_threads and hasattr(v, "wide_threads"):
+                setattr(v, "wide_threads", cfg.long_input_threads)  # noqa: B010 (not in the Variant protocol)
+                setattr(v, "wide_tokens", cfg.long_input_tokens)  # noqa: B010
         self._eval_task: asyncio.Task[None] | None = None
         self._shadows: set[asyncio.Task[None]] = set()
 
@@ -104,6 +110,7 @@ class ModelService:
                 on_batch=self._on_batch,
                 on_depth=self._on_depth,
                 workers=self.cfg.compute_workers,
+                thread_init=self._thread_init,
             )
             t0 = time.perf_counter()
             b.warmup([s for s in sizes if s <= b.max_batch])
@@ -113,6 +120,13 @@ class ModelService:
                 self.pre_s = runs[1]
             log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, time.perf_counter() - t0, b.model.by_size)
             self.batchers.append(b)
+
+    def _thread_init(self) -> None:
+        """Runs in each compute thread: give it the server's intra-op thread count (a per-thread setting)."""
+        if self.compute_threads:
+            import torch
+
+            torch.set_num_threads(self.compute_threads)
 
     def preprocess_lead_ns(self) -> int:
         """Expected time before a request admitted now is preprocessed: its wait for a worker plus its own."""

@@ -277,6 +277,8 @@ class TextVariant:
         self.device = _check_device(device)
         self.description = description
         self.max_length = int(max_length)
+        self.wide_threads: int | None = None  # intra-op threads for long batches (set by the service config)
+        self.wide_tokens = 96
         if split_cost_tokens is None:
             split_cost_tokens = SPLIT_COST_TOKENS_CPU if self.device == "cpu" else SPLIT_COST_TOKENS_CUDA
         if split_cost_tokens < 0:
@@ -338,10 +340,18 @@ class TextVariant:
             mask[r, : len(ids)] = 1
         ids_t = torch.from_numpy(input_ids).to(self.device)
         mask_t = torch.from_numpy(mask).to(self.device)
-        with torch.inference_mode():
-            hidden = self.module(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
-            # Pool in FP32 whatever the model computes in (a BF16 sum over 256 tokens loses digits).
-            emb: np.ndarray = mean_pool_normalize(hidden.float(), mask_t).cpu().numpy()
+        before = None
+        if self.wide_threads and width >= self.wide_tokens and self.device == "cpu":
+            before = torch.get_num_threads()  # per calling thread: only this compute thread changes
+            torch.set_num_threads(self.wide_threads)
+        try:
+            with torch.inference_mode():
+                hidden = self.module(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+                # Pool in FP32 whatever the model computes in (a BF16 sum over 256 tokens loses digits).
+                emb: np.ndarray = mean_pool_normalize(hidden.float(), mask_t).cpu().numpy()
+        finally:
+            if before is not None:
+                torch.set_num_threads(before)
         return emb
 
     def postprocess(self, raw: TextBatch, n: int) -> list[tuple[Tensor, ...]]:
