@@ -343,3 +343,20 @@ def test_admission_probes_after_shedding_everything_for_a_while() -> None:
     b.admit(t + ms(200) + ms(10), t + ms(200))  # infeasible, but nothing admitted for 200 ms: a probe goes in
     with pytest.raises(Shed):
         b.admit(t + ms(210) + ms(10), t + ms(210))
+
+
+def test_thread_init_runs_in_each_compute_thread() -> None:
+    import threading
+
+    ran: list[str] = []
+
+    async def go() -> None:
+        b = Batcher(SleepVariant(base=0.001, per_item=0.0), max_batch_size=1, max_delay_s=0.0001, max_queue=8,
+                    workers=2, thread_init=lambda: ran.append(threading.current_thread().name))  # fmt: skip
+        b.start()
+        now = time.perf_counter_ns()
+        await asyncio.gather(*[b.submit(i, now + ms(5000)) for i in range(6)])
+        await b.stop()
+
+    run(go())
+    assert ran and all(n.startswith("compute-sleepy") for n in ran) and len(ran) <= 2

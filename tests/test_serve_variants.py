@@ -338,3 +338,49 @@ def test_vision_refuses_too_many_images_and_wrong_types(vision_variants: dict[st
         v.preprocess(InferRequest("vision", None, (Tensor("IMAGE", "BYTES", (1,), _bytes([3])),)))
     with pytest.raises(ProtocolError, match="missing input 'IMAGE'"):
         v.preprocess(text_request("x"))
+
+
+class _ThreadsSeen(torch.nn.Module):
+    """A stand-in encoder that records the intra-op thread count of the thread calling it."""
+
+    class config:  # mirrors transformers' model.config
+        hidden_size = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int]] = []
+
+    def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+        self.seen.append((int(input_ids.shape[1]), torch.get_num_threads()))
+
+        class Out:
+            last_hidden_state = torch.ones(input_ids.shape[0], input_ids.shape[1], 4)
+
+        return Out()
+
+
+def test_long_text_batches_run_on_more_threads_in_their_own_thread_only() -> None:
+    import threading
+
+    from latencylab.serve.variants import TextItem, TextVariant
+
+    enc = _ThreadsSeen()
+    v = TextVariant("fp32", "primary", tokenizer=None, model=enc, split_cost_tokens=0)
+    v.wide_threads, v.wide_tokens = 2, 96
+    short = TextItem((np.arange(20, dtype=np.int64),))
+    long = TextItem((np.arange(120, dtype=np.int64),))
+    main_before = torch.get_num_threads()
+    seen_after: list[int] = []
+
+    def work() -> None:
+        torch.set_num_threads(1)  # a one-thread compute worker
+        v.forward([short])
+        v.forward([long])
+        seen_after.append(torch.get_num_threads())
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert enc.seen == [(20, 1), (120, 2)]  # the long batch ran on 2 threads, the short one on 1
+    assert seen_after == [1]  # restored afterwards
+    assert torch.get_num_threads() == main_before  # the main thread's setting was never touched
