@@ -40,10 +40,16 @@ def test_vision_names_decode_and_preprocess(tmp_path: Path, capsys: pytest.Captu
     assert "data path" in capsys.readouterr().out
 
 
-def test_torch_compile_recompilation_found(tmp_path: Path) -> None:
+def test_torch_compile_recompilation_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.config as inductor_config
+
     from latencylab.profiler import ProfileConfig, profile
     from latencylab.workloads import WorkloadOptions, build_workload
 
+    # a cold compiler, as on a fresh machine: inductor's on-disk caches would turn a recompilation done
+    # earlier on this machine into a cache hit of a few ms
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
     warmup = 5
     pipe = build_workload(
         "compiled",
