@@ -49,13 +49,13 @@ def test_torch_compile_recompilation_found(tmp_path: Path, monkeypatch: pytest.M
     # a cold compiler, as on a fresh machine: inductor's on-disk caches would turn a recompilation done
     # earlier on this machine into a cache hit of a few ms
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
     warmup = 5
-    pipe = build_workload(
-        "compiled",
-        WorkloadOptions(params={"offset": str(warmup), "shapes": "16@0,32@150,48@300", "backend": "inductor"}),
-    )
-    result = profile(pipe, ProfileConfig(warmup=warmup, iterations=450, threads=1))
+    with inductor_config.patch(fx_graph_cache=False):  # (not monkeypatch: the config module restores itself)
+        pipe = build_workload(
+            "compiled",
+            WorkloadOptions(params={"offset": str(warmup), "shapes": "16@0,32@150,48@300", "backend": "inductor"}),
+        )
+        result = profile(pipe, ProfileConfig(warmup=warmup, iterations=450, threads=1))
     assert [i for i, c in enumerate(result.iteration_meta["compiles"]) if c] == [150, 300]
     src = result.save(tmp_path / "compiled.json")
     out = tmp_path / "d.json"
@@ -66,7 +66,8 @@ def test_torch_compile_recompilation_found(tmp_path: Path, monkeypatch: pytest.M
         "recompiled at iteration 300 (shape (1, 48, 32))",
     ]
     for f, at in zip(rec, (150, 300), strict=True):
-        assert f.severity == "critical" and f.details["spike"]["start"] == at  # found by spike detection
+        spike = f.details["spike"]  # found by spike detection: the spike it found holds the recompilation
+        assert f.severity == "critical" and spike["start"] <= at < spike["end"], spike
         assert f.details["spike"]["ratio"] > 10
         labels = {e.label: e.value for e in f.evidence}
         assert str(labels["stage that grew most"]).startswith("forward")
