@@ -110,7 +110,9 @@ class ModelService:
                 on_batch=self._on_batch,
                 on_depth=self._on_depth,
                 workers=self.cfg.compute_workers,
-                thread_init=self._thread_init,
+                # Not thread_init=self._thread_init: giving the compute thread --threads explicitly (OpenMP's
+                # count is per thread) sped up the mean but, measured end to end, cut text capacity at
+                # p99 <= 100 ms from 3.8/s to 0.8/s (docs/BENCHMARKS.md); kept off until understood.
             )
             t0 = time.perf_counter()
             b.warmup([s for s in sizes if s <= b.max_batch])
