@@ -22,6 +22,20 @@ from latencylab.errors import LatencyLabError
 SCHEMA_VERSION = 1
 
 
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """A result file's top-level JSON object, with one-line errors for a missing or unreadable file."""
+    p = Path(path)
+    if not p.is_file():
+        raise LatencyLabError(f"{p}: no such result file")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LatencyLabError(f"{p}: not a JSON result file ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise LatencyLabError(f"{p}: not a latencylab result (top level is not an object)")
+    return data
+
+
 def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 

@@ -425,14 +425,11 @@ def evaluate_gate(gate: Gate, series: str, delta: MetricDelta) -> GateResult:
 # ------------------------------------------------------------------------------------------ results in
 def read_result(path: str | Path) -> dict[str, Any]:
     """A result file's JSON object (one-line errors for missing or unreadable files)."""
+    from latencylab.results import read_json_object
+
     p = Path(path)
-    if not p.is_file():
-        raise LatencyLabError(f"{p}: no such result file")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LatencyLabError(f"{p}: not a JSON result file ({exc.__class__.__name__})") from None
-    if not isinstance(data, dict) or "kind" not in data:
+    data = read_json_object(p)
+    if "kind" not in data:
         raise LatencyLabError(f"{p}: not a latencylab result (no 'kind')")
     return data
 

@@ -9,7 +9,6 @@ most severe first (rule order, then source order, within a severity).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,16 +38,10 @@ def loaded(doc: Mapping[str, Any], source: str) -> LoadedResult:
 
 def load_result(path: str | Path) -> LoadedResult:
     """Read one result file (any kind); raises a one-line LatencyLabError for a missing or malformed file."""
+    from latencylab.results import read_json_object
+
     p = Path(path)
-    if not p.is_file():
-        raise LatencyLabError(f"{p}: no such result file")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LatencyLabError(f"{p}: not a JSON result file ({exc.__class__.__name__})") from exc
-    if not isinstance(data, dict):
-        raise LatencyLabError(f"{p}: not a latencylab result (top level is not an object)")
-    return loaded(data, str(p))
+    return loaded(read_json_object(p), str(p))
 
 
 def _rank(f: Finding) -> int:

@@ -110,8 +110,8 @@ class ModelService:
                 on_batch=self._on_batch,
                 on_depth=self._on_depth,
                 workers=self.cfg.compute_workers,
-                # Not thread_init=self._thread_init: giving the compute thread --threads explicitly (OpenMP's
-                # count is per thread) sped up the mean but, measured end to end, cut text capacity at
+                # No thread_init calling torch.set_num_threads(--threads) in the compute thread (OpenMP's count
+                # is per thread): it sped up the mean but, measured end to end, cut text capacity at
                 # p99 <= 100 ms from 3.8/s to 0.8/s (docs/BENCHMARKS.md); kept off until understood.
             )
             t0 = time.perf_counter()
@@ -122,13 +122,6 @@ class ModelService:
                 self.pre_s = runs[1]
             log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, time.perf_counter() - t0, b.model.by_size)
             self.batchers.append(b)
-
-    def _thread_init(self) -> None:
-        """Runs in each compute thread: give it the server's intra-op thread count (a per-thread setting)."""
-        if self.compute_threads:
-            import torch
-
-            torch.set_num_threads(self.compute_threads)
 
     def preprocess_lead_ns(self) -> int:
         """Expected time before a request admitted now is preprocessed: its wait for a worker plus its own."""
