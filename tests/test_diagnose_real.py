@@ -68,7 +68,7 @@ def test_torch_compile_recompilation_found(tmp_path: Path, monkeypatch: pytest.M
     for f, at in zip(rec, (150, 300), strict=True):
         spike = f.details["spike"]  # found by spike detection: the spike it found holds the recompilation
         assert f.severity == "critical" and spike["start"] <= at < spike["end"], spike
-        assert f.details["spike"]["ratio"] > 10
+        assert f.details["spike"]["ratio"] > 1.5  # x1000 with a cold compiler; a few x when inductor reuses work
         labels = {e.label: e.value for e in f.evidence}
         assert str(labels["stage that grew most"]).startswith("forward")
 
