@@ -9,7 +9,11 @@ Method
 1. ``latencylab serve`` with a one-rung ladder (``["fp32"]``: the guard has nowhere to go, so this
    measures admission control and batching, not the fallback ladder), ``default_deadline_ms = SLO``
    (the server's own policy: a request it cannot answer within the SLO is refused at admission with
-   503 + Retry-After rather than queued), torch at 1 thread, pinned to CPU 1.
+   503 + Retry-After rather than queued), torch at 1 thread, pinned to CPU 1. The generator stamps every
+   request with ``X-Request-Start`` = its intended send time (``--no-request-start``: off), and the server
+   counts the deadline from then: time before its handler runs (the generator's lateness, the socket
+   queue, event-loop lag) is otherwise invisible to it but counted by the client's corrected latency.
+   The naive server ignores the header.
 2. Its capacity: ``find_capacity`` (Poisson steps of ``--step-duration`` s, bracket then bisect to 5%;
    a step passes when corrected p99 <= SLO and <= 1% of requests were shed or failed). The capacity is
    the best goodput (ok within the SLO per second) among passing steps.
@@ -86,9 +90,9 @@ def payloads_for(model: str) -> list[Payload]:
 
 def run_once(
     url: str, path: str, payloads: list[Payload], rate: float, duration_s: float, timeout_s: float,
-    slo: Slo, seed: int, env: dict[str, Any], abort_when: Any = None,
+    slo: Slo, seed: int, env: dict[str, Any], abort_when: Any = None, request_start: bool = True,
 ) -> tuple[LoadResult, Records]:  # fmt: skip
-    cfg = LoadConfig(duration_s=duration_s, timeout_s=timeout_s, connections=32)
+    cfg = LoadConfig(duration_s=duration_s, timeout_s=timeout_s, connections=32, request_start_header=request_start)
     return load_test(url, path, payloads, Poisson(rate, seed), cfg, slo, seed=seed, abort_when=abort_when, env=env)
 
 
@@ -100,7 +104,9 @@ def capacity_search(url: str, path: str, payloads: list[Payload], slo: Slo, args
         # hiccup) says nothing about the server; counted as a failure it would cap the capacity below the
         # server's. Retry it, twice at most, and say so.
         for attempt in range(3):
-            res, _ = run_once(url, path, payloads, rate, args.step_duration, 10.0, slo, args.seed, env, abort_when)
+            res, _ = run_once(
+                url, path, payloads, rate, args.step_duration, 10.0, slo, args.seed, env, abort_when, args.request_start
+            )
             time.sleep(1.0)  # let the server drain before the next step
             reasons = res.summary.get("invalid_reasons", [])
             if res.summary.get("valid", False) or not any("generator fell behind" in r for r in reasons):
@@ -164,6 +170,12 @@ def main() -> int:
     ap.add_argument("--capacity", type=float, help="skip the search: use this capacity (req/s)")
     ap.add_argument("--factor", type=float, default=2.0, help="overload = factor x capacity")
     ap.add_argument("--deadline-ms", type=float, help="server's default_deadline_ms (default: the SLO)")
+    ap.add_argument(
+        "--request-start",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send X-Request-Start (intended send time); the server counts deadlines from it (default on)",
+    )
     ap.add_argument("--max-batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of both servers")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the generator to CPUs")
@@ -183,8 +195,9 @@ def main() -> int:
     pin = None if args.no_pin or (os.cpu_count() or 1) < 2 else {SERVER_CPU}
     if pin:
         os.sched_setaffinity(0, {CLIENT_CPU})
+    origin = "X-Request-Start (intended send)" if args.request_start else "handler start"
     print(f"serve_overload: model {args.model}, SLO p99 <= {slo_ms:g} ms, server deadline "
-          f"{args.deadline_ms or slo_ms:g} ms, {machine_load()}")  # fmt: skip
+          f"{args.deadline_ms or slo_ms:g} ms from {origin}, {machine_load()}")  # fmt: skip
     payloads = payloads_for(args.model)
     path = infer_path(args.model)
     out: dict[str, Any] = {"model": args.model, "slo_ms": slo_ms, "args": vars(args), "load_before": os.getloadavg()}
@@ -226,7 +239,9 @@ def main() -> int:
                 time.sleep(2.0)
                 before = scrape(url) or {}
                 cpu0 = proc_cpu_s(srv.proc.pid)
-                res, rec = run_once(url, path, payloads, r, duration_s, 30.0, slo, args.seed, {})
+                res, rec = run_once(
+                    url, path, payloads, r, duration_s, 30.0, slo, args.seed, {}, None, args.request_start
+                )
                 cpu1 = proc_cpu_s(srv.proc.pid)
                 time.sleep(0.5)
                 d = delta(scrape(url) or {}, before)
@@ -239,6 +254,10 @@ def main() -> int:
                 bs_sum = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_sum")
                 bs_n = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_count")
                 m["server_mean_batch_size"] = bs_sum / bs_n if bs_n else None
+                age = "latencylab_server_request_age_at_handler_seconds"
+                age_n = sum(v for (n, _), v in d.items() if n == f"{age}_count")
+                age_s = sum(v for (n, _), v in d.items() if n == f"{age}_sum")
+                m["server_request_age_mean_ms"] = 1e3 * age_s / age_n if age_n else None
                 m["server_stages_mean_ms"] = dict(res.server["server_stages_mean_ms"]) if res.server else None
                 m["client_uncorrected_mean_ms"] = res.server["client_mean_ms"] if res.server else None
                 m["network_and_client_mean_ms"] = res.server["network_and_client_mean_ms"] if res.server else None
@@ -274,7 +293,10 @@ def main() -> int:
                     print(f"{label}: Poisson {r:.1f}/s for {args.duration:g} s (request timeout {args.duration:g} s)")
                     time.sleep(1.0)
                     cpu0 = proc_cpu_s(srv.proc.pid)
-                    res, rec = run_once(srv.url, path, payloads, r, args.duration, args.duration, slo, args.seed, {})
+                    res, rec = run_once(
+                        srv.url, path, payloads, r, args.duration, args.duration, slo, args.seed, {}, None,
+                        args.request_start,
+                    )  # fmt: skip
                     nv = summarise(label, res, rec, slo_ms, args.duration)
                     nv["server_cpu_ms_per_ok"] = 1e3 * (proc_cpu_s(srv.proc.pid) - cpu0) / max(1, nv["ok"])
                     naives.append(nv)
@@ -314,7 +336,8 @@ def main() -> int:
             stages = ", ".join(f"{k} {v:.2f}" for k, v in m["server_stages_mean_ms"].items())
             print(f"    server-side stage means of ok requests (ms): {stages}; client mean (from actual send) "
                   f"{fmt(m['client_uncorrected_mean_ms'], '.2f')}, outside the server's clock "
-                  f"{fmt(m['network_and_client_mean_ms'], '.2f')}")  # fmt: skip
+                  f"{fmt(m['network_and_client_mean_ms'], '.2f')}; age at handler (X-Request-Start) mean of all "
+                  f"requests {fmt(m['server_request_age_mean_ms'], '.2f')}")  # fmt: skip
     for r in runs:
         if r["errors_by_reason"]:
             print(f"{r['server']}: client-side errors {r['errors_by_reason']}")

@@ -38,3 +38,43 @@ def reference_server(*args: str) -> Iterator[str]:
 def drawn_service_times(url: str) -> np.ndarray:
     with urllib.request.urlopen(f"{url}/debug/service_times", timeout=10) as resp:
         return np.asarray(json.loads(resp.read()), dtype=np.int64)
+
+
+@contextmanager
+def recording_server() -> Iterator[tuple[str, list[tuple[str | None, int]]]]:
+    """A tiny HTTP server in a thread answering every POST with 200 ``{}`` and recording, per request,
+    its ``X-Request-Start`` value (None without one) and ``time.time_ns()`` when its head was read."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str | None, int]] = []
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            received = time.time_ns()
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with lock:
+                seen.append((self.headers.get("X-Request-Start"), received))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

@@ -16,7 +16,7 @@ from latencylab.load.payloads import fetch_metadata, infer_path, payloads_for_mo
 from latencylab.load.results import LoadResult, Slo
 from latencylab.load.runner import load_test
 from latencylab.workloads.synthetic import Distribution
-from servers import drawn_service_times, reference_server
+from servers import drawn_service_times, recording_server, reference_server
 
 PATH = infer_path("reference")
 
@@ -204,3 +204,31 @@ def test_cli_early_stop_when_the_slo_verdict_is_decided(tmp_path: Path) -> None:
     assert s["stopped_early"].startswith("early stop: SLO met with 99% confidence after")
     assert 459 <= s["ok"] < 1500  # 459 requests with none over decide p99 at 99% confidence
     assert s["slo"]["verdict"] == "pass"
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_request_start_header_states_the_intended_send_time(mode: str) -> None:
+    """Each request's X-Request-Start is its intended send time in unix µs: the stamps are spaced exactly as
+    the schedule (so they are the intended times, not the actual sends), and they lie within a few ms before
+    the server read the request (same host clock)."""
+    from latencylab.load.generator import Payload, run_load
+
+    payloads = [Payload(b'{"inputs": []}'), Payload(b'{"inputs": [], "id": "a longer body"}')]
+    closed = mode == "closed"
+    cfg = LoadConfig(mode=mode, concurrency=2, duration_s=None if closed else 0.5, max_requests=40 if closed else None,
+                     request_start_header=True)  # fmt: skip
+    with recording_server() as (url, seen):
+        rec, _ = run_load(url, "/v2/models/m/infer", payloads, None if closed else Constant(80), cfg)
+        plain, _ = run_load(url, "/v2/models/m/infer", payloads, Constant(80), LoadConfig(duration_s=0.1))
+    assert rec.n == len(seen) - plain.n and (rec.outcome == 0).all()
+    stamped, unstamped = seen[: rec.n], seen[rec.n :]
+    assert all(h is None for h, _ in unstamped)  # off by default
+    assert all(h is not None and h.startswith("t=") and len(h) == 18 for h, _ in stamped)
+    stamps_us = np.sort(np.array([int(h[2:]) for h, _ in stamped if h is not None], dtype=np.int64))
+    intended_ns = np.sort(rec.intended_ns)
+    # spacing: exactly the schedule's, to the µs (rounding of two stamps)
+    assert np.abs((stamps_us - stamps_us[0]) - (intended_ns - intended_ns[0]) / 1000).max() <= 1
+    # position: the server read each request a little after its stamp (loopback + generator lateness)
+    read_after_ms = np.array([(t - int(h[2:]) * 1000) / 1e6 for h, t in stamped if h is not None])
+    assert read_after_ms.min() > -1.0, read_after_ms.min()
+    assert np.median(read_after_ms) < 5.0, np.median(read_after_ms)

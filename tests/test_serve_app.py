@@ -271,3 +271,80 @@ def test_answers_are_cached_only_with_a_cache_rung() -> None:
         with c:
             assert c.post("/v2/models/fake/infer", json=BODY).status_code == 200
             assert len(state.services["fake"].cache) == expect
+
+
+def _stamp(age_s: float, unit: str = "us") -> str:
+    """An X-Request-Start value for a request that started ``age_s`` ago, in the given unit."""
+    ns = time.time_ns() - int(age_s * 1e9)
+    return {"s": f"t={ns / 1e9:.6f}", "ms": f"t={ns // 10**6}", "us": f"t={ns // 1000}", "bare": str(ns // 1000)}[unit]
+
+
+def _metric(text: str, prefix: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "bare"])
+def test_request_aged_past_its_deadline_is_shed_at_once(unit: str) -> None:
+    """The header says the request started 50 ms ago; its deadline is 30 ms: 503 + Retry-After, counted as a
+    deadline shed, and the model never sees it. The same request without the header is served."""
+    c, v, _ = _server(delays={"fp32": 0.002})
+    with c:
+        body = {**BODY, "parameters": {"deadline_ms": 30}}
+        n_batches = len(v["fp32"].batch_sizes)
+        r = c.post("/v2/models/fake/versions/fp32/infer", json=body, headers={"X-Request-Start": _stamp(0.05, unit)})
+        assert r.status_code == 503, r.text
+        assert int(r.headers["Retry-After"]) >= 1
+        assert "overloaded (deadline)" in r.json()["error"] and "ms old on arrival" in r.json()["error"]
+        assert len(v["fp32"].batch_sizes) == n_batches  # refused before admission: no compute spent
+        m = c.get("/metrics").text
+        assert _metric(m, 'latencylab_server_shed_total{model="fake",reason="deadline"}') == 1
+        assert _metric(m, 'latencylab_server_requests_total{code="503",model="fake",producer="-"}') == 1
+        age_sum = _metric(m, 'latencylab_server_request_age_at_handler_seconds_sum{model="fake"}')
+        assert _metric(m, 'latencylab_server_request_age_at_handler_seconds_count{model="fake"}') == 1
+        assert 0.05 <= age_sum < 1.0
+        assert c.post("/v2/models/fake/versions/fp32/infer", json=body).status_code == 200
+
+
+def test_request_start_age_counts_in_admission() -> None:
+    """A 15 ms model and a 30 ms deadline: fresh requests fit (15 + 3 ms margin), a request that is 20 ms old
+    does not (20 + 15 + 3 > 30) although its age alone is inside the deadline: shed by admission."""
+    c, _v, _ = _server(delays={"fp32": 0.015})
+    with c:
+        body = {**BODY, "parameters": {"deadline_ms": 30}}
+        fresh = c.post("/v2/models/fake/versions/fp32/infer", json=body, headers={"X-Request-Start": _stamp(0.0)})
+        assert fresh.status_code == 200, fresh.text
+        r = c.post("/v2/models/fake/versions/fp32/infer", json=body, headers={"X-Request-Start": _stamp(0.02)})
+        assert r.status_code == 503 and r.json()["error"] == "overloaded (deadline)"
+        assert int(r.headers["Retry-After"]) >= 1
+        m = c.get("/metrics").text
+        assert _metric(m, 'latencylab_server_shed_total{model="fake",reason="deadline"}') == 1
+        assert _metric(m, 'latencylab_server_request_age_at_handler_seconds_count{model="fake"}') == 2
+
+
+@pytest.mark.parametrize(
+    ("stamp", "fragment"),
+    [("t=soon", "must be t=<unix time"), ("future", "in the future"), ("ancient", "old")],
+)
+def test_bad_request_start_is_a_400_naming_the_header(stamp: str, fragment: str) -> None:
+    value = {"future": _stamp(-5.0), "ancient": _stamp(2 * 3600.0)}.get(stamp, stamp)
+    c, _v, _ = _server()
+    with c:
+        r = c.post("/v2/models/fake/infer", json=BODY, headers={"X-Request-Start": value})
+        assert r.status_code == 400
+        err = r.json()["error"]
+        assert "X-Request-Start" in err and fragment in err
+        assert _metric(c.get("/metrics").text, 'latencylab_server_errors_total{kind="bad_input",model="fake"}') == 1
+
+
+def test_request_start_is_ignored_when_not_trusted() -> None:
+    variants = [FakeVariant("fp32", 0.002)]
+    cfg = ServerConfig(
+        models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make"),), trust_request_start=False
+    )
+    state = build_state(cfg, {"fake": variants})
+    with TestClient(lifespan_app(state)) as c:
+        body = {**BODY, "parameters": {"deadline_ms": 30}}
+        for value in (_stamp(0.05), "garbage"):
+            r = c.post("/v2/models/fake/infer", json=body, headers={"X-Request-Start": value})
+            assert r.status_code == 200, r.text
+        assert "latencylab_server_request_age_at_handler_seconds_count" not in c.get("/metrics").text

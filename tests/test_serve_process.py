@@ -194,3 +194,38 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
     assert result.get("status") == 200
     assert result["body"]["outputs"][0]["data"] == [2.0, 4.0, 6.0, 8.0]  # type: ignore[index]
     assert proc.wait(timeout=30) == 0
+
+
+def test_overload_with_request_start_every_request_has_one_outcome(tmp_path: Path) -> None:
+    """The generator stamps X-Request-Start, the real server trusts it (default): at ~2.5x a 10-ms model's
+    capacity with a 30 ms deadline, every request sent ends ok, shed or error, the server counts each one
+    (503s as sheds), and it saw the age of every request."""
+    from latencylab.load.arrivals import Poisson
+    from latencylab.load.generator import LoadConfig, Payload
+    from latencylab.load.reconcile import scrape
+    from latencylab.load.runner import load_test
+
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text(
+        '[[models]]\nname = "fake"\nladder = ["fp32"]\nfactory = "fake_variants:make"\n'
+        "max_batch_size = 1\ndefault_deadline_ms = 30\n"
+    )
+    proc, url = _start(["--config", str(cfg)], env={"PYTHONPATH": str(TESTS), "FAKE_DELAY_MS_FP32": "10"}, timeout_s=60)
+    try:
+        body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
+        load = LoadConfig(duration_s=2.0, connections=16, request_start_header=True)
+        res, rec = load_test(url, "/v2/models/fake/infer", [Payload(body.encode())], Poisson(250, 3), load, env={})
+        metrics = scrape(url) or {}
+    finally:
+        _stop(proc)
+    s = res.summary
+    assert s["sent"] == s["ok"] + s["shed"] + s["error"] == rec.n > 300
+    assert s["shed"] > 0.2 * s["sent"] and s["ok"] > 0.2 * s["sent"]
+
+    def total(name: str, fragment: str = "") -> float:
+        return sum(v for (n, labels), v in metrics.items() if n == name and fragment in labels)
+
+    assert total("latencylab_server_requests_total", 'code="200"') == s["ok"]
+    assert total("latencylab_server_requests_total", 'code="503"') == s["shed"]
+    assert total("latencylab_server_shed_total") == s["shed"]
+    assert total("latencylab_server_request_age_at_handler_seconds_count") == s["sent"]

@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("--step-duration", type=_positive_float, default=10.0, help="seconds per capacity step")
     ld.add_argument("--precision", type=_fraction, default=0.05, help="capacity bracket width (relative)")
     ld.add_argument("--token", help="bearer token sent as Authorization header")
+    ld.add_argument(
+        "--request-start-header",
+        action="store_true",
+        help="send X-Request-Start: t=<unix µs of the intended send time> (servers count deadlines from it)",
+    )
     ld.add_argument("--seed", type=int, default=0)
     ld.add_argument("--json", metavar="PATH", help="write the result as JSON")
     ld.add_argument("--requests-jsonl", metavar="PATH", help="write one JSON line per request")
@@ -146,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
     sv.add_argument("--compute-workers", type=_positive_int, help="batches computed at once per variant (default 1)")
     sv.add_argument("--token-env", help="require a bearer token: the name of the env var holding it")
+    sv.add_argument(
+        "--trust-request-start",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="count deadlines from the X-Request-Start header when a request has one (default on)",
+    )
 
     op = sub.add_parser("optimize", help="search optimisation variants; keep the fastest inside the accuracy budget")
     op.add_argument("--workload", default="text", choices=["text", "vision"])

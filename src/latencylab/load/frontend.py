@@ -166,7 +166,11 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
 
         def run_step(rate: float, abort_when: Any) -> LoadResult:
             cfg = LoadConfig(
-                duration_s=args.step_duration, timeout_s=args.timeout, connections=args.connections, headers=headers
+                duration_s=args.step_duration,
+                timeout_s=args.timeout,
+                connections=args.connections,
+                headers=headers,
+                request_start_header=args.request_start_header,
             )
             res, _ = load_test(
                 args.url, path, payloads, Poisson(rate, args.seed), cfg, slo, args.confidence, args.seed,
@@ -221,6 +225,7 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
         "min_requests": args.min_requests,
         "timeout_s": args.timeout,
         "headers": headers,
+        "request_start_header": args.request_start_header,
     }
     if args.concurrency:
         cfg = LoadConfig(mode="closed", concurrency=args.concurrency, connections=args.concurrency, **common)

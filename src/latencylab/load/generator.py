@@ -23,6 +23,11 @@ and uncorrected figures coincide. This is what Locust-style tools measure;
 results are labelled as such, because a stall pauses the users and hides
 itself.
 
+With ``request_start_header`` every request carries ``X-Request-Start: t=<unix µs>`` of its intended send
+time (the run's wall-clock origin, read once, plus the schedule offset), so a server that trusts it counts
+its deadline from when the user's wait began. Each request is encoded once with a fixed-width placeholder;
+a send patches the digits into a copy.
+
 Every request sent gets exactly one outcome: ok (2xx), shed (429/503),
 error (other status, transport failure, timeout); ``sent == ok + shed + error``.
 """
@@ -44,7 +49,7 @@ import numpy as np
 
 from latencylab.errors import LatencyLabError
 from latencylab.load.arrivals import ArrivalProcess
-from latencylab.load.http import ConnectionPool, Target, build_request
+from latencylab.load.http import ConnectionPool, Target, build_request, build_stamped_request, stamp
 
 LATE_NS = 1_000_000  # 1 ms
 LATE_FRACTION = 0.01
@@ -72,6 +77,9 @@ class LoadConfig:
     connections: int = 8  # opened before the run
     max_connections: int = 4096
     headers: dict[str, str] = field(default_factory=dict)
+    # send X-Request-Start: t=<unix µs of the request's intended send time>, so that a server can count its
+    # deadline from when the user's wait began (time in the generator and the socket queue included)
+    request_start_header: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("open", "closed"):
@@ -141,7 +149,16 @@ class _Run:
             raise LatencyLabError("no payloads to send")
         self.cfg = cfg
         self.pool = ConnectionPool(target, cfg.max_connections)
-        self.requests = [build_request(target, "POST", path, p.body, cfg.headers) for p in payloads]
+        self.requests: list[bytes] = []
+        self.stamp_at: list[int] = []  # offset of the X-Request-Start digits per payload (request_start_header)
+        for p in payloads:
+            if cfg.request_start_header:
+                request, offset = build_stamped_request(target, "POST", path, p.body, cfg.headers)
+                self.stamp_at.append(offset)
+            else:
+                request = build_request(target, "POST", path, p.body, cfg.headers)
+            self.requests.append(request)
+        self.wall_offset_ns = 0  # unix ns - perf_counter_ns, read once at the run start (request_start_header)
         self.intended: list[int] = []
         self.sent: list[int] = []
         self.done: list[int] = []
@@ -221,7 +238,11 @@ class _Run:
         self.inflight[rid] = (conn, now)
         if len(self.inflight) > self.max_inflight:
             self.max_inflight = len(self.inflight)
-        conn.send(self.requests[self.payload[rid]], rid, self._record)
+        p = self.payload[rid]
+        request = self.requests[p]
+        if self.stamp_at:  # the intended send time, in unix µs: lateness counts as the request's age
+            request = stamp(request, self.stamp_at[p], (self.t0 + self.intended[rid] + self.wall_offset_ns) // 1000)
+        conn.send(request, rid, self._record)
 
     async def _send_on_new(self, rid: int) -> None:
         try:
@@ -260,6 +281,19 @@ class _Run:
             errors=dict(self.errors),
             retry_after=list(self.retry_after),
         )
+
+
+def wall_offset_ns(tries: int = 5) -> int:
+    """unix time (``time.time_ns``) minus ``perf_counter_ns``, from the tightest of a few paired reads."""
+    best: tuple[int, int] | None = None
+    for _ in range(tries):
+        a = time.perf_counter_ns()
+        wall = time.time_ns()
+        b = time.perf_counter_ns()
+        if best is None or b - a < best[0]:
+            best = (b - a, wall - (a + b) // 2)
+    assert best is not None
+    return best[1]
 
 
 async def _progress_task(run: _Run, progress: ProgressFn, every_s: float = 0.25) -> None:
@@ -386,6 +420,7 @@ async def generate(
         raise LatencyLabError(str(exc)) from exc
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     run.t0 = time.perf_counter_ns() + 20_000_000  # first send 20 ms from now: the loop is settled
+    run.wall_offset_ns = wall_offset_ns()
     tasks = [asyncio.ensure_future(run.watchdog(abort_when))]
     if progress is not None:
         tasks.append(asyncio.ensure_future(_progress_task(run, progress)))

@@ -53,6 +53,30 @@ def build_request(
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
+REQUEST_START_HEADER = "X-Request-Start"
+STAMP_DIGITS = 16  # unix microseconds have 16 digits from 2001 to 2286
+
+
+def build_stamped_request(
+    target: Target, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[bytes, int]:
+    """``build_request`` with ``X-Request-Start: t=<16 digits>`` (zeros), and the offset of those digits.
+
+    ``stamp`` writes a time into a copy at send time, so a request is encoded once and not per send."""
+    request = build_request(
+        target, method, path, body, {**(headers or {}), REQUEST_START_HEADER: "t=" + "0" * STAMP_DIGITS}
+    )
+    offset = request.index(f"\r\n{REQUEST_START_HEADER}: t=".encode()) + len(REQUEST_START_HEADER) + 6
+    return request, offset
+
+
+def stamp(template: bytes, offset: int, unix_us: int) -> bytes:
+    """A copy of ``template`` (from ``build_stamped_request``) stating ``unix_us`` in its X-Request-Start."""
+    out = bytearray(template)
+    out[offset : offset + STAMP_DIGITS] = b"%016d" % unix_us
+    return bytes(out)
+
+
 # Completion callback: (status, headers, body, done_ns, ctx). status 0 = transport error (body holds the reason).
 OnDone = Callable[[int, dict[str, str], bytes, int, Any], None]
 

@@ -30,6 +30,8 @@ from latencylab.serve import protocol
 from latencylab.serve.batcher import retry_after_header
 from latencylab.serve.config import ServerConfig
 from latencylab.serve.metrics import ServerMetrics
+from latencylab.serve.request_start import HEADER as REQUEST_START_HEADER
+from latencylab.serve.request_start import request_age_ns
 from latencylab.serve.service import ModelService, ServiceError, Timing
 from latencylab.serve.tracing import RequestTracer
 from latencylab.serve.types import ProtocolError, Variant
@@ -141,6 +143,10 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
         model = request.path_params.get("model", "?")
         try:
             svc, version = service_for(request)
+            stamp = request.headers.get(REQUEST_START_HEADER) if state.cfg.trust_request_start else None
+            if stamp is not None:  # wall clock read once, at handler start: the age moves to perf_counter_ns
+                timing.age_ns = request_age_ns(stamp, epoch0)
+                state.metrics.request_age.labels(svc.name).observe(timing.age_ns / 1e9)
             body = await _read_body(request, state.cfg.max_body_bytes)
             req = protocol.parse_infer_request(body, svc.name, version, svc.inputs, headers=request.headers)
             header_deadline = request.headers.get(DEADLINE_HEADER)

@@ -97,6 +97,8 @@ class ServerConfig:
     otlp_endpoint: str | None = None
     device: str = "cpu"
     threads: int | None = None
+    # deadlines count from a request's X-Request-Start header when it has one (serve/request_start.py)
+    trust_request_start: bool = True
 
     def __post_init__(self) -> None:
         if not self.models:

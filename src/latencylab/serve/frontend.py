@@ -27,7 +27,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     }
     server_over = {
         k: v
-        for k, v in {"host": args.host, "port": args.port, "token_env": args.token_env, "threads": args.threads}.items()
+        for k, v in {
+            "host": args.host,
+            "port": args.port,
+            "token_env": args.token_env,
+            "threads": args.threads,
+            "trust_request_start": getattr(args, "trust_request_start", None),
+        }.items()
         if v is not None
     }
     if args.config:

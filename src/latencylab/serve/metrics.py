@@ -85,6 +85,13 @@ class ServerMetrics:
         self.cache = Counter(
             "latencylab_server_cache", "Result cache lookups by outcome.", ["model", "outcome"], registry=r
         )
+        self.request_age = Histogram(
+            "latencylab_server_request_age_at_handler_seconds",
+            "Time from a request's X-Request-Start stamp to its handler start (requests with the header).",
+            ["model"],
+            buckets=slo_buckets(slo),
+            registry=r,
+        )
 
     def observe_stages(self, model: str, stages: Sequence[tuple[str, float]]) -> None:
         for name, seconds in stages:

@@ -40,6 +40,7 @@ class Timing:
     """perf_counter_ns marks of one request, filled as it goes."""
 
     start: int
+    age_ns: int = 0  # how long the request had existed when the handler started (X-Request-Start), >= 0
     parsed: int = 0
     preprocessed: int = 0
     outcome: BatchOutcome | None = None
@@ -159,7 +160,14 @@ class ModelService:
         """Serve one parsed request (at ``pinned`` level if given); raises ServiceError for anything but success."""
         now = time.perf_counter_ns()
         deadline_ms = request.parameters.get("deadline_ms", self.cfg.default_deadline_ms)
-        deadline_ns = timing.start + int(float(deadline_ms) * 1e6)
+        # the deadline counts from when the request started: the handler start, minus the age it arrived with
+        deadline_ns = timing.start - timing.age_ns + int(float(deadline_ms) * 1e6)
+        if now >= deadline_ns:
+            # Nothing left to spend (it aged past its deadline before the handler ran): refuse it now, before
+            # the guard, the cache or admission (whose starvation probe would otherwise let it in).
+            self.metrics.shed.labels(self.name, "deadline").inc()
+            late = f"{timing.age_ns / 1e6:.1f} ms old on arrival, " if timing.age_ns else ""
+            raise ServiceError(503, f"overloaded (deadline): {late}deadline {float(deadline_ms):g} ms", 1.0, "shed")
         level = self.guard.route() if pinned is None else pinned
         routed = pinned is None
         if routed and level < self.guard.level:
