@@ -362,18 +362,30 @@ def _mlserver_stats(url: str) -> dict[str, Any] | None:
     return stats.get(MODEL)
 
 
+def onnx_export() -> Path:
+    """The FP32 MiniLM ONNX export latencylab's fp32-onnx variant serves (made in the cache if missing)."""
+    from latencylab.serve.ort_text import export_text_onnx, text_onnx_path
+    from latencylab.workloads.text import load_model
+
+    path = text_onnx_path()
+    if not path.is_file():
+        export_text_onnx(*load_model(), path)
+    return path
+
+
 def start_server(name: str, args: argparse.Namespace) -> Running:
     spec = SPECS[name]
     port = free_port()
     url = f"http://{HOST}:{port}"
     workdir = Path(tempfile.mkdtemp(prefix=f"serve-vs-peers-{name}-"))
-    env = child_env()
+    env = child_env({"MINILM_ONNX": args.onnx_path} if args.runtime == "onnx" else None)
     path = infer_path(MODEL)
     notes: list[str] = []
     if name == "latencylab":
         extra = "".join(f"{k} = {v}\n" for k, v in (o.split("=", 1) for o in args.latencylab_option))
         pinned = args.latencylab_mode == "pinned"
-        ladder = '["fp32", "minilm-l3", "int8", "cache"]' if pinned else '["fp32"]'
+        variant = args.latencylab_variant or ("fp32-onnx" if args.runtime == "onnx" else "fp32")
+        ladder = '["fp32", "minilm-l3", "int8", "cache"]' if pinned else f'["{variant}"]'
         (workdir / "serve.toml").write_text(
             f'[server]\nhost = "{HOST}"\nport = {port}\n\n[[models]]\nname = "{MODEL}"\nladder = {ladder}\n'
             f"slo_ms = {args.slo_ms:g}\nmax_batch_size = 8\n{extra}"
@@ -780,6 +792,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-rate", type=float, default=2000.0)
     ap.add_argument("--max-steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads of every server")
+    ap.add_argument(
+        "--runtime",
+        choices=["torch", "onnx"],
+        default="torch",
+        help="the peers' runtime: torch (eager) or onnx (ONNX Runtime on the same FP32 export latencylab's "
+        "fp32-onnx variant serves); latencylab serves fp32 or fp32-onnx to match unless --latencylab-variant",
+    )
+    ap.add_argument("--latencylab-variant", help="latencylab's one-rung ladder (default: fp32, or fp32-onnx)")
     ap.add_argument("--latencylab-workers", type=int, help="latencylab: batches computed at once (default 1)")
     ap.add_argument("--latencylab-threads", type=int, help="latencylab: torch threads (default: --threads)")
     ap.add_argument("--seed", type=int, default=1)
@@ -838,6 +858,11 @@ def main(argv: list[str] | None = None) -> int:
 
     env = fingerprint(sample_s=0.0)
     payloads = text_payloads("TEXT")
+    args.onnx_path = None
+    if args.runtime == "onnx" or args.latencylab_variant == "fp32-onnx":
+        with bench_lock(args.lock):
+            args.onnx_path = str(onnx_export())
+        print(f"ONNX export of the FP32 model (every server runs this file with --runtime onnx): {args.onnx_path}")
     print(
         f"{len(payloads)} payloads (one corpus text each); SLO p99<={args.slo_ms:g} ms; "
         f"servers: {', '.join(args.servers)}"

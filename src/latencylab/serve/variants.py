@@ -78,7 +78,7 @@ LADDERS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 # Variants that can be asked for by name but are not on the default ladder.
 EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
-    "text": (("minilm-l3", "lighter"), ("bf16", "lighter")),
+    "text": (("minilm-l3", "lighter"), ("bf16", "lighter"), ("fp32-onnx", "primary")),
     "vision": (),
 }
 
@@ -285,15 +285,19 @@ class TextVariant:
             raise LatencyLabError(f"split_cost_tokens must be >= 0, got {split_cost_tokens}")
         self.split_cost_tokens = int(split_cost_tokens)
         self.tokenizer = tokenizer
-        self.module = model.to(self.device).eval()
-        self.hidden_size = int(model.config.hidden_size)
+        self.hidden_size = self._bind(model)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
         self.inputs: tuple[TensorSpec, ...] = (TensorSpec("TEXT", "BYTES", (-1,)),)
         self.outputs: tuple[TensorSpec, ...] = (TensorSpec("EMBEDDING", "FP32", (-1, self.hidden_size)),)
 
+    def _bind(self, model: Any) -> int:
+        """Take ``model`` as this variant's encoder; return the embedding width. (Subclasses bind other runtimes.)"""
+        self.module = model.to(self.device).eval()
+        return int(model.config.hidden_size)
+
     def __repr__(self) -> str:
-        return f"TextVariant(name={self.name!r}, kind={self.kind!r}, device={self.device!r})"
+        return f"{type(self).__name__}(name={self.name!r}, kind={self.kind!r}, device={self.device!r})"
 
     def preprocess(self, request: InferRequest) -> TextItem:
         """Decode the UTF-8 texts of input ``TEXT`` and tokenise each one, unpadded."""
@@ -329,15 +333,20 @@ class TextVariant:
 
     def _embed(self, rows: Sequence[np.ndarray]) -> np.ndarray:
         """(len(rows), hidden) embeddings of token-id rows, padded to the longest and masked."""
-        torch = _torch()
-        from latencylab.workloads.text import mean_pool_normalize
-
         width = max(len(ids) for ids in rows)
         input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
         mask = np.zeros((len(rows), width), dtype=np.int64)
         for r, ids in enumerate(rows):
             input_ids[r, : len(ids)] = ids
             mask[r, : len(ids)] = 1
+        return self._encode(input_ids, mask)
+
+    def _encode(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """(rows, hidden) L2-normalised mean-pooled embeddings of one padded, masked call."""
+        torch = _torch()
+        from latencylab.workloads.text import mean_pool_normalize
+
+        width = input_ids.shape[1]
         ids_t = torch.from_numpy(input_ids).to(self.device)
         mask_t = torch.from_numpy(mask).to(self.device)
         before = None
@@ -428,8 +437,25 @@ def _build_text(names: Sequence[str], max_batch_size: int, device: str) -> list[
             )
     if "fp32" in names:
         models["fp32"] = (base, device, f"{MODEL_NAME} FP32, 6 layers, mean pooling + L2 normalisation")
+    built: dict[str, TextVariant] = {}
+    if "fp32-onnx" in names:
+        from latencylab.serve.ort_text import ort_text_variant
+
+        if device != "cpu":
+            raise LatencyLabError("variant 'fp32-onnx' runs on the CPU only (ONNX Runtime's CPU provider)")
+        built["fp32-onnx"] = ort_text_variant(
+            "fp32-onnx",
+            kinds["fp32-onnx"],
+            tok,
+            base,
+            max_batch_size=max_batch_size,
+            description=f"{MODEL_NAME} FP32 exported to ONNX (pooling and normalisation in the graph), ONNX Runtime "
+            "CPU session: the fp32 rung's embeddings up to float rounding",
+        )
     return [
-        TextVariant(
+        built[name]
+        if name in built
+        else TextVariant(
             name,
             kinds[name],
             tok,

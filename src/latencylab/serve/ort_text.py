@@ -1,0 +1,210 @@
+"""The text model served through ONNX Runtime: the same MiniLM weights, exported once, run by ORT.
+
+``fp32-onnx`` is the FP32 ``fp32`` rung's model exported to ONNX (encoder +
+masked mean pooling + L2 normalisation, dynamic batch and sequence axes) and
+run by an ONNX Runtime CPU session. Its embeddings are the torch rung's up to
+float rounding (cosine 1.000000 over the shipped corpus; the tests assert
+it). Any ONNX graph with the same interface (``input_ids``, ``attention_mask``
+int64 -> one (rows, hidden) float embedding), e.g. the text model that
+``latencylab optimize --out`` exports, can be served with
+:func:`ort_text_variant`.
+
+Why a second runtime for the same model: on the reference 2-vCPU machine ORT
+runs a 256-token passage in 44-47 ms on 2 threads against 64-69 ms for torch
+eager, and 60-66 ms against 96-126 ms while another process takes half a core
+(docs/BENCHMARKS.md, "Serve"). ORT's parallel loops hand out work in chunks
+that the calling thread shares, so one descheduled thread delays a call less
+than OpenMP's static split does; and a session call releases the GIL for the
+whole forward, not once per operator.
+
+The export is cached under ``$LATENCYLAB_CACHE/serve`` (default
+``~/.cache/latencylab/serve``), keyed by the weights' bytes and the torch and
+transformers versions, and written atomically (a temporary file renamed into
+place), so servers starting at once never read half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from latencylab.errors import LatencyLabError, MissingDependencyError
+from latencylab.serve.variants import TextVariant
+
+__all__ = ["OrtTextVariant", "export_text_onnx", "ort_text_variant", "text_onnx_path"]
+
+OPSET = 17
+# One more ORT call costs about as much as this many padded tokens (1 thread, MiniLM-L6, reference VM):
+# a call's fixed cost is far below torch eager's (Python per operator), so length groups split sooner.
+SPLIT_COST_TOKENS_ORT = 16
+
+
+def _ort() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise MissingDependencyError("onnxruntime", "onnx") from exc
+    return onnxruntime
+
+
+def _weights_digest() -> str:
+    from latencylab.workloads.text import model_dir
+
+    h = hashlib.sha256()
+    for name in ("config.json", "model.safetensors"):
+        with (model_dir() / name).open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def text_onnx_path() -> Path:
+    """Where the FP32 MiniLM export of this install lives (it may not exist yet)."""
+    import torch
+    import transformers
+
+    from latencylab.workloads.digits_cnn import cache_dir
+
+    key = hashlib.sha256(
+        f"{_weights_digest()}|torch {torch.__version__}|transformers {transformers.__version__}|opset {OPSET}".encode()
+    ).hexdigest()[:16]
+    return cache_dir() / "serve" / f"minilm-l6-fp32-{key}.onnx"
+
+
+def export_text_onnx(tokenizer: Any, encoder: Any, path: Path) -> Path:
+    """Export ``encoder`` + masked mean pooling + L2 normalisation to ``path`` (atomic), FP32, dynamic axes."""
+    import torch
+
+    from latencylab.workloads.text import mean_pool_normalize
+
+    class Embedder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return mean_pool_normalize(hidden, attention_mask)
+
+    enc = tokenizer(["a short one", "a somewhat longer example sentence for the export"], padding=True)
+    args = tuple(torch.tensor(enc[n], dtype=torch.int64) for n in ("input_ids", "attention_mask"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=path.parent)
+    os.close(fd)
+    try:
+        with torch.inference_mode():
+            torch.onnx.export(
+                Embedder().eval(),
+                args,
+                tmp,
+                input_names=["input_ids", "attention_mask"],
+                output_names=["embedding"],
+                dynamic_axes={
+                    "input_ids": {0: "batch", 1: "seq"},
+                    "attention_mask": {0: "batch", 1: "seq"},
+                    "embedding": {0: "batch"},
+                },
+                opset_version=OPSET,
+                dynamo=False,
+            )
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _session(path: Path, threads: int) -> Any:
+    ort = _ort()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = max(1, int(threads))
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # No spinning: the server's event loop and preprocess threads share these cores, and a worker spinning
+    # after its chunk takes the CPU they need (measured: spinning off is as fast quiet, faster when busy).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types for unreadable/invalid models
+        raise LatencyLabError(f"{path}: ONNX Runtime cannot load it ({type(exc).__name__}: {exc})") from None
+
+
+class OrtTextVariant(TextVariant):
+    """A :class:`TextVariant` whose encoder is an ONNX Runtime session (CPU) over an embedding graph.
+
+    The graph takes ``input_ids`` and ``attention_mask`` (int64, (rows, seq)) and returns (rows, hidden)
+    L2-normalised embeddings. Tokenisation, length groups, batching and postprocessing are the torch
+    variant's. ``threads`` is the session's intra-op thread count; setting ``wide_threads`` (the config's
+    ``long_input_threads``) adds a second session on that many threads for groups whose longest text has
+    at least ``wide_tokens`` tokens.
+    """
+
+    def __init__(self, name: str, kind: str, tokenizer: Any, path: Path, *, threads: int = 1, **kw: Any) -> None:
+        self.path = Path(path)
+        self.threads = max(1, int(threads))
+        self._wide: Any = None
+        self._wide_threads: int | None = None
+        kw.setdefault("split_cost_tokens", SPLIT_COST_TOKENS_ORT)
+        super().__init__(name, kind, tokenizer, self.path, **kw)
+        if self.device != "cpu":
+            raise LatencyLabError(f"variant {name!r}: the ONNX Runtime text variant runs on the CPU only")
+
+    def _bind(self, model: Any) -> int:
+        self.session = _session(Path(model), self.threads)
+        inputs = {i.name for i in self.session.get_inputs()}
+        if not {"input_ids", "attention_mask"} <= inputs:
+            raise LatencyLabError(
+                f"{model}: an ONNX text model takes input_ids and attention_mask; this one takes {sorted(inputs)}"
+            )
+        width = self.session.get_outputs()[0].shape[-1]
+        if not isinstance(width, int):
+            raise LatencyLabError(f"{model}: the embedding's last dimension must be fixed, got {width!r}")
+        self.module = None
+        return width
+
+    @property
+    def wide_threads(self) -> int | None:
+        return self._wide_threads
+
+    @wide_threads.setter
+    def wide_threads(self, n: int | None) -> None:
+        self._wide_threads = n
+        self._wide = _session(self.path, n) if n and n != self.threads else None
+
+    def _encode(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        session = self._wide if self._wide is not None and input_ids.shape[1] >= self.wide_tokens else self.session
+        out = session.run(None, {"input_ids": input_ids, "attention_mask": mask})[0]
+        return np.asarray(out, dtype=np.float32)
+
+
+def ort_text_variant(
+    name: str,
+    kind: str,
+    tokenizer: Any,
+    encoder: Any = None,
+    *,
+    path: Path | None = None,
+    threads: int | None = None,
+    **kw: Any,
+) -> OrtTextVariant:
+    """An ORT text variant over ``path``, or over the cached FP32 export of ``encoder`` (exported if missing)."""
+    if path is None:
+        if encoder is None:
+            raise LatencyLabError("an ONNX text variant needs a model file or an encoder to export")
+        path = text_onnx_path()
+        if not path.is_file():
+            export_text_onnx(tokenizer, encoder, path)
+    elif not Path(path).is_file():
+        raise LatencyLabError(f"{path}: no such ONNX model file")
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    return OrtTextVariant(name, kind, tokenizer, Path(path), threads=threads, **kw)
