@@ -107,7 +107,7 @@ class Embedder:
                 s["calls"] += 1
                 s["rows"] += len(texts)
                 s["tokens"] += int(enc["attention_mask"].sum())
-                s["padded_tokens"] += int(enc["attention_mask"].numel())
+                s["padded_tokens"] += int(enc["attention_mask"].shape[0] * enc["attention_mask"].shape[1])
                 s["forward_s"] += t2 - t1
                 s["tokenize_s"] += t1 - t0
         return emb
