@@ -85,6 +85,12 @@ class ServerMetrics:
         self.cache = Counter(
             "latencylab_server_cache", "Result cache lookups by outcome.", ["model", "outcome"], registry=r
         )
+        self.slack = Gauge(
+            "latencylab_server_admission_slack_seconds",
+            "Time admission adds to its predicted finish: the recent error quantile beyond the fixed margin.",
+            ["model", "variant"],
+            registry=r,
+        )
         self.request_age = Histogram(
             "latencylab_server_request_age_at_handler_seconds",
             "Time from a request's X-Request-Start stamp to its handler start (requests with the header).",

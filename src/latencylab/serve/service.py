@@ -20,6 +20,7 @@ from latencylab.serve.cache import ResultCache
 from latencylab.serve.config import ModelConfig
 from latencylab.serve.guard import Alarm, GuardConfig, SloGuard
 from latencylab.serve.metrics import ServerMetrics
+from latencylab.serve.slack import PredictionError
 from latencylab.serve.types import InferRequest, InferResponse, ProtocolError, TensorSpec, Variant
 
 log = logging.getLogger("latencylab.serve")
@@ -70,6 +71,8 @@ class ModelService:
         guard_cfg = GuardConfig(slo_ms=cfg.slo_ms, q=cfg.quantile, **cfg.guard)
         self.guard = SloGuard(self.ladder, guard_cfg, on_alarm=self._alarm(on_alarm))
         self.batchers: list[Batcher] = []
+        self.errors: list[PredictionError] = []  # per rung: how much later than predicted admitted requests finish
+        self._slack_shown: list[int] = []
         self.in_flight = 0
         self.preprocessing = 0  # admitted requests in (or waiting for) the preprocess pool
         self.pre_s = 0.0  # EWMA of one preprocess call
@@ -123,6 +126,8 @@ class ModelService:
                 self.pre_s = runs[1]
             log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, time.perf_counter() - t0, b.model.by_size)
             self.batchers.append(b)
+            self.errors.append(PredictionError(self.cfg.quantile))
+            self._slack_shown.append(-1)
 
     def preprocess_lead_ns(self) -> int:
         """Expected time before a request admitted now is preprocessed: its wait for a worker plus its own."""
@@ -190,8 +195,15 @@ class ModelService:
             level = len(self.variants) - 1  # no cached answer: the lightest model answers
             routed = False  # ... but its latency is not evidence about the rung it was routed to
         batcher = self.batchers[level]
+        errors = self.errors[level]
+        lead = self.preprocess_lead_ns()
+        predicted = batcher.predicted_finish_ns(now) + lead  # what admission expects, before any margin
+        slack = errors.slack_ns(now, batcher.margin_ns)
+        if slack != self._slack_shown[level]:
+            self._slack_shown[level] = slack
+            self.metrics.slack.labels(self.name, batcher.variant.name).set(slack / 1e9)
         try:
-            batcher.admit(deadline_ns, now, self.preprocess_lead_ns())
+            batcher.admit(deadline_ns, now, lead + slack)
         except Shed as shed:
             self.metrics.shed.labels(self.name, shed.reason).inc()
             raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
@@ -214,9 +226,11 @@ class ModelService:
                 outcome = await asyncio.wait_for(asyncio.shield(fut), remaining + 0.005)
             except TimeoutError:
                 fut.cancel()
+                self._missed(errors, deadline_ns, predicted)
                 self._penalise(level, routed, deadline_ms)
                 raise ServiceError(504, f"deadline of {deadline_ms:g} ms exceeded", kind="deadline") from None
             except DeadlineExceeded as exc:
+                self._missed(errors, deadline_ns, predicted)
                 self._penalise(level, routed, deadline_ms)
                 raise ServiceError(504, str(exc), kind="deadline") from None
             except ModelFailure as exc:
@@ -227,6 +241,8 @@ class ModelService:
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.labels(self.name).set(self.in_flight)
+        done = time.perf_counter_ns()
+        errors.observe(done, done - predicted)
         timing.outcome = outcome
         variant = batcher.variant.name
         if self.caching:
@@ -279,6 +295,12 @@ class ModelService:
                 batcher.unreserve()
         self.metrics.probes.labels(self.name, self.ladder[level]).inc()
         self.guard.observe(level, latency, probe=True)
+
+    @staticmethod
+    def _missed(errors: PredictionError, deadline_ns: int, predicted: int) -> None:
+        """A request that missed its deadline would have finished after it (failed fast at release: later)."""
+        now = time.perf_counter_ns()
+        errors.observe(now, max(now, deadline_ns) - predicted)
 
     def _penalise(self, level: int, routed: bool, deadline_ms: float) -> None:
         """A failed or timed-out request counts for the guard as a response at its deadline."""
