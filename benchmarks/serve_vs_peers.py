@@ -363,14 +363,13 @@ def _mlserver_stats(url: str) -> dict[str, Any] | None:
 
 
 def onnx_export() -> Path:
-    """The FP32 MiniLM ONNX export latencylab's fp32-onnx variant serves (made in the cache if missing)."""
-    from latencylab.serve.ort_text import export_text_onnx, text_onnx_path
-    from latencylab.workloads.text import load_model
+    """The FP32 MiniLM ONNX export (made in the cache if missing): the artifact every server runs with --runtime
+    onnx. latencylab's fp32-onnx variant serves it through ORT's transformer fusion (made at load);
+    fp32-onnx-unfused serves the file as it is, as the peers do."""
+    from latencylab.serve.ort_text import export_default, text_onnx_path
 
     path = text_onnx_path()
-    if not path.is_file():
-        export_text_onnx(*load_model(), path)
-    return path
+    return path if path.is_file() else export_default(path)
 
 
 def start_server(name: str, args: argparse.Namespace) -> Running:

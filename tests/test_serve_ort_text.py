@@ -35,7 +35,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TextVariant
         assert not text_onnx_path().exists()
         fp32, onnx = build_variants("text", ["fp32", "fp32-onnx"], max_batch_size=8)
         assert isinstance(fp32, TextVariant) and isinstance(onnx, OrtTextVariant)
-        assert onnx.path == text_onnx_path() and onnx.path.is_file()
+        assert onnx.source == text_onnx_path() and onnx.path.is_file() and onnx.path != onnx.source  # fused
         yield fp32, onnx
     torch.set_num_threads(old)
 
@@ -66,14 +66,15 @@ def test_onnx_rung_answers_as_torch_fp32_over_the_corpus(pair: tuple[TextVariant
 def test_export_is_cached_and_reused(pair: tuple[TextVariant, OrtTextVariant]) -> None:
     _, onnx = pair
     stamp = onnx.path.stat().st_mtime_ns
-    again = ort_text_variant("again", "primary", onnx.tokenizer, encoder=object(), threads=1)  # no export needed
+    again = ort_text_variant("again", "primary", onnx.tokenizer, threads=1)  # neither exported nor fused again
     assert again.path == onnx.path and again.path.stat().st_mtime_ns == stamp
-    assert [p.name for p in onnx.path.parent.iterdir()] == [onnx.path.name]  # no temporary file left behind
+    # the export and its fused graph, no temporary file left behind
+    assert sorted(p.name for p in onnx.path.parent.iterdir()) == sorted([onnx.source.name, onnx.path.name])
 
 
 def test_long_inputs_run_on_the_wide_session(pair: tuple[TextVariant, OrtTextVariant]) -> None:
     _, onnx = pair
-    v = ort_text_variant("wide", "primary", onnx.tokenizer, path=onnx.path, threads=1)
+    v = ort_text_variant("wide", "primary", onnx.tokenizer, path=onnx.path, threads=1, fuse=False)
     long_text = max(corpus(), key=len)
     base = _embed(v, ["short one", long_text])
     used: list[int] = []
@@ -118,12 +119,12 @@ def test_bad_model_files_are_clear_errors(tmp_path: Path, pair: tuple[TextVarian
     _, onnx = pair
     with pytest.raises(LatencyLabError, match="no such ONNX model file"):
         ort_text_variant("x", "primary", onnx.tokenizer, path=tmp_path / "missing.onnx")
+    with pytest.raises(LatencyLabError, match=r"needs its \(attention heads"):
+        ort_text_variant("x", "primary", onnx.tokenizer, path=onnx.source)
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"not a protobuf")
     with pytest.raises(LatencyLabError, match="ONNX Runtime cannot load it"):
-        ort_text_variant("x", "primary", onnx.tokenizer, path=junk)
-    with pytest.raises(LatencyLabError, match="needs a model file or an encoder"):
-        ort_text_variant("x", "primary", onnx.tokenizer)
+        ort_text_variant("x", "primary", onnx.tokenizer, path=junk, fuse=False)
 
 
 def test_a_graph_without_text_inputs_is_refused(tmp_path: Path, pair: tuple[TextVariant, OrtTextVariant]) -> None:
@@ -137,4 +138,4 @@ def test_a_graph_without_text_inputs_is_refused(tmp_path: Path, pair: tuple[Text
     path = tmp_path / "identity.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     with pytest.raises(LatencyLabError, match="takes input_ids and attention_mask"):
-        ort_text_variant("x", "primary", ort_v.tokenizer, path=path)
+        ort_text_variant("x", "primary", ort_v.tokenizer, path=path, fuse=False)

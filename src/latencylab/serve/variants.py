@@ -78,7 +78,7 @@ LADDERS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 # Variants that can be asked for by name but are not on the default ladder.
 EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
-    "text": (("minilm-l3", "lighter"), ("bf16", "lighter"), ("fp32-onnx", "primary")),
+    "text": (("minilm-l3", "lighter"), ("bf16", "lighter"), ("fp32-onnx", "primary"), ("fp32-onnx-unfused", "primary")),
     "vision": (),
 }
 
@@ -438,19 +438,23 @@ def _build_text(names: Sequence[str], max_batch_size: int, device: str) -> list[
     if "fp32" in names:
         models["fp32"] = (base, device, f"{MODEL_NAME} FP32, 6 layers, mean pooling + L2 normalisation")
     built: dict[str, TextVariant] = {}
-    if "fp32-onnx" in names:
+    for name in ("fp32-onnx", "fp32-onnx-unfused"):
+        if name not in names:
+            continue
         from latencylab.serve.ort_text import ort_text_variant
 
         if device != "cpu":
-            raise LatencyLabError("variant 'fp32-onnx' runs on the CPU only (ONNX Runtime's CPU provider)")
-        built["fp32-onnx"] = ort_text_variant(
-            "fp32-onnx",
-            kinds["fp32-onnx"],
+            raise LatencyLabError(f"variant {name!r} runs on the CPU only (ONNX Runtime's CPU provider)")
+        fuse = name == "fp32-onnx"
+        built[name] = ort_text_variant(
+            name,
+            kinds[name],
             tok,
-            base,
+            fuse=fuse,
             max_batch_size=max_batch_size,
-            description=f"{MODEL_NAME} FP32 exported to ONNX (pooling and normalisation in the graph), ONNX Runtime "
-            "CPU session: the fp32 rung's embeddings up to float rounding",
+            description=f"{MODEL_NAME} FP32 exported to ONNX (pooling and normalisation in the graph)"
+            + (", transformer kernels fused by ONNX Runtime's optimizer" if fuse else "")
+            + ", ONNX Runtime CPU session: the fp32 rung's embeddings up to float rounding",
         )
     return [
         built[name]
