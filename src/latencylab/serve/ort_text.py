@@ -9,13 +9,14 @@ int64 -> one (rows, hidden) float embedding), e.g. the text model that
 ``latencylab optimize --out`` exports, can be served with
 :func:`ort_text_variant`.
 
-Why a second runtime for the same model: on the reference 2-vCPU machine ORT
-runs a 256-token passage in 44-47 ms on 2 threads against 64-69 ms for torch
-eager, and 60-66 ms against 96-126 ms while another process takes half a core
-(docs/BENCHMARKS.md, "Serve"). ORT's parallel loops hand out work in chunks
-that the calling thread shares, so one descheduled thread delays a call less
-than OpenMP's static split does; and a session call releases the GIL for the
-whole forward, not once per operator.
+Why a second runtime for the same model (reference 2-vCPU VM, one 208-token passage, the corpus's p99
+length): the eager-attention export runs in 36-39 ms on 2 ORT threads (fused or not) against 59 ms for
+the SDPA export and 55-69 ms for torch eager on 2 threads. ORT's parallel loops hand out work in chunks
+that the calling thread shares, so one descheduled thread delays a call less than OpenMP's static split
+does (a 256-token passage while another process takes half a core: 60-66 ms against 96-126 ms for torch);
+and a session call releases the GIL for the whole forward, not once per operator. The fused graph
+(``fp32-onnx``; ``fp32-onnx-unfused`` serves the plain export) mostly shortens short inputs (a 17-token
+text: 4.6 ms against 7.0-7.5 ms on 2 threads), where the fixed cost per operator dominates.
 
 The export is cached under ``$LATENCYLAB_CACHE/serve`` (default
 ``~/.cache/latencylab/serve``), keyed by the weights' bytes and the torch and
@@ -177,9 +178,11 @@ def _session(path: Path, threads: int) -> Any:
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # No spinning: the server's event loop and preprocess threads share these cores, and a worker spinning
-    # after its chunk takes the CPU they need (measured: spinning off is as fast quiet, faster when busy).
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # ORT's default, spinning workers, kept on purpose: with them asleep between operators every parallel
+    # section pays a wake-up, and a served request mostly arrives to a sleeping pool (measured, 2 threads,
+    # one request every 20 ms: a 17-token text 5.2-5.3 ms spinning against 7.2-8.6 ms not; a 208-token
+    # passage, fused graph, 35.9 against 43.8 ms).
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     so.log_severity_level = 3
     try:
         return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
