@@ -21,6 +21,10 @@ of the best peer while keeping P99 latency <= the SLO (100 ms by default).
     - rayserve: Ray Serve, one replica, ``@serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)``
       (benchmarks/peers/rayserve_text.py; venv: bash benchmarks/peers/rayserve_setup.sh).
   A server whose venv is missing is skipped with the command that makes it.
+* ``--runtime onnx``: every server runs the same ONNX export of those weights (eager attention, made once in
+  latencylab's cache) through ONNX Runtime instead of torch: the peers' Embedder loads it (``MINILM_ONNX``),
+  latencylab serves its ``fp32-onnx`` rung, which fuses the graph at load (``--latencylab-variant
+  fp32-onnx-unfused`` serves the file as it is).
 * Load: one generator for all, latencylab's open-loop generator (latencylab.load.runner.load_test) with
   Poisson arrivals (the same seeded arrival times for every server at a given rate), latency from the
   intended send time. Capacity: latencylab.load.capacity.find_capacity (double from ``--start-rate`` until a
