@@ -38,22 +38,9 @@ class TextAdapter:
         return load_model(attn="eager")
 
     def torch_model(self) -> Any:
-        import torch
+        from latencylab.workloads.text import embedding_module
 
-        from latencylab.workloads.text import mean_pool_normalize
-
-        _, encoder = self._loaded
-
-        class Embedder(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.encoder = encoder
-
-            def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-                hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-                return mean_pool_normalize(hidden, attention_mask)
-
-        return Embedder().eval()
+        return embedding_module(self._loaded[1])
 
     def export_onnx(self, path: Path, opset: int = 17) -> Path:
         import torch

@@ -132,16 +132,7 @@ def export_text_onnx(tokenizer: Any, encoder: Any, path: Path) -> Path:
     """
     import torch
 
-    from latencylab.workloads.text import mean_pool_normalize
-
-    class Embedder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.encoder = encoder
-
-        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            return mean_pool_normalize(hidden, attention_mask)
+    from latencylab.workloads.text import embedding_module
 
     enc = tokenizer(["a short one", "a somewhat longer example sentence for the export"], padding=True)
     args = tuple(torch.tensor(enc[n], dtype=torch.int64) for n in ("input_ids", "attention_mask"))
@@ -151,7 +142,7 @@ def export_text_onnx(tokenizer: Any, encoder: Any, path: Path) -> Path:
     try:
         with torch.inference_mode():
             torch.onnx.export(
-                Embedder().eval(),
+                embedding_module(encoder),
                 args,
                 tmp,
                 input_names=["input_ids", "attention_mask"],

@@ -66,6 +66,23 @@ def mean_pool_normalize(last_hidden: Any, attention_mask: Any) -> Any:
     return torch.nn.functional.normalize(summed / counts, p=2, dim=1)
 
 
+def embedding_module(encoder: Any) -> Any:
+    """``encoder`` + :func:`mean_pool_normalize` as one module in eval mode: (input_ids, attention_mask) ->
+    L2-normalised embeddings (what optimize's text adapter and serve's ONNX export trace)."""
+    import torch
+
+    class Embedder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return mean_pool_normalize(hidden, attention_mask)
+
+    return Embedder().eval()
+
+
 def _int_param(opts: WorkloadOptions, key: str, default: int, lo: int, hi: int) -> int:
     raw = opts.params.get(key)
     if raw is None:
