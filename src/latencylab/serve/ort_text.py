@@ -213,7 +213,6 @@ class OrtTextVariant(TextVariant):
             raise LatencyLabError(f"variant {name!r}: the ONNX Runtime text variant runs on the CPU only")
 
     def _bind(self, model: Any) -> int:
-        model = self.path
         self.session = _session(Path(model), self.threads)
         inputs = {i.name for i in self.session.get_inputs()}
         if not {"input_ids", "attention_mask"} <= inputs:
