@@ -72,7 +72,7 @@ from _serving import (
     write_serve_config,
 )
 from latencylab.load.arrivals import Poisson
-from latencylab.load.capacity import Capacity, find_capacity
+from latencylab.load.capacity import Capacity, find_capacity, step_seed
 from latencylab.load.generator import LoadConfig, Payload, Records
 from latencylab.load.payloads import infer_path, text_payloads, vision_payloads
 from latencylab.load.reconcile import scrape
@@ -105,7 +105,17 @@ def capacity_search(url: str, path: str, payloads: list[Payload], slo: Slo, args
         # server's. Retry it, twice at most, and say so.
         for attempt in range(3):
             res, _ = run_once(
-                url, path, payloads, rate, args.step_duration, 10.0, slo, args.seed, env, abort_when, args.request_start
+                url,
+                path,
+                payloads,
+                rate,
+                args.step_duration,
+                10.0,
+                slo,
+                step_seed(args.seed, rate),
+                env,
+                abort_when,
+                args.request_start,
             )
             time.sleep(1.0)  # let the server drain before the next step
             reasons = res.summary.get("invalid_reasons", [])

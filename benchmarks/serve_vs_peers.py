@@ -71,8 +71,8 @@ from pathlib import Path
 from typing import Any
 
 from latencylab.load.arrivals import Poisson
-from latencylab.load.capacity import Capacity, find_capacity
-from latencylab.load.generator import LoadConfig, Payload
+from latencylab.load.capacity import Capacity, find_capacity, step_seed
+from latencylab.load.generator import AbortFn, LoadConfig, Payload
 from latencylab.load.payloads import infer_path, text_payloads
 from latencylab.load.reconcile import parse_prometheus
 from latencylab.load.results import LoadResult, Slo
@@ -576,7 +576,7 @@ def search(
     extras: list[dict[str, Any]] = []
     sid = srv.process.pid
 
-    def run_step(rate: float, abort_when: Callable[[int, int], str]) -> LoadResult:
+    def run_step(rate: float, abort_when: AbortFn) -> LoadResult:
         # Other sessions share this machine: a step during which processes other than the server and this
         # generator used more than --max-foreign cores is run again (up to --retries times), and flagged if
         # it never ran clean.
@@ -598,10 +598,10 @@ def search(
                 srv.url,
                 srv.path,
                 payloads,
-                Poisson(rate, seed=args.seed),
+                Poisson(rate, seed=step_seed(args.seed, rate)),
                 cfg,
                 slo=slo,
-                seed=args.seed,
+                seed=step_seed(args.seed, rate),
                 abort_when=abort_when,
                 env=env,
                 target_info={"server": srv.name},

@@ -384,6 +384,11 @@ def slo_violated(n: int, over: int, q: float, confidence: float = 0.99) -> bool:
     return over > 0 and bool(binom.sf(over - 1, n, 1.0 - q) <= 1.0 - confidence)
 
 
+def slo_met(n: int, over: int, q: float, confidence: float = 0.99) -> bool:
+    """True when "quantile q <= threshold" is already met with ``confidence`` (the lower binomial tail)."""
+    return n > 0 and _passes(n, over, 1.0 - q, 1.0 - confidence)
+
+
 def slo_verdict(n: int, over: int, q: float, threshold: float, confidence: float = 0.99) -> SloVerdict:
     """Verdict for "quantile q <= threshold" from n samples of which ``over`` exceeded the threshold."""
     from scipy.stats import binom

@@ -5,10 +5,11 @@ doubles until a step fails, then binary search between the last passing and
 first failing rates until they are within ``precision`` of each other. A step
 passes when the run is valid, its ``slo.q`` latency (from the intended send
 time) is within the threshold, and at most ``max_error_fraction`` of requests
-were shed or failed. A step is cut short as soon as the SLO is violated with
-the stated confidence (LoadGen-style early stopping), so failing steps are
-cheap. The capacity is the best goodput (successful requests within the SLO
-per second) among passing steps.
+were shed or failed. A step is cut short once the SLO is violated with the
+stated confidence at one of a few fixed looks, with a test that a single burst
+cannot pass (``early_stop``), so failing steps are cheap. The capacity is the
+best goodput (successful requests within the SLO per second) among passing
+steps. Each rate gets its own arrival seed (``step_seed``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from latencylab import stats
+from latencylab.load.early_stop import EarlyStop
+from latencylab.load.generator import AbortFn
 from latencylab.load.results import LoadResult, Slo
 
-StepFn = Callable[[float, Callable[[int, int], str]], LoadResult]
+StepFn = Callable[[float, AbortFn], LoadResult]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,16 @@ class Capacity:
             "reason": self.reason,
             "steps": list(self.steps),
         }
+
+
+def step_seed(seed: int, rate: float) -> int:
+    """The arrival and payload seed of the step at ``rate``: the same for every server, different per rate.
+
+    One seed for every rate replays one sample scaled in time, so one unlucky burst (six of the first sixteen
+    texts among the longest, in the first half second) decides every step above the rate it overflows, for
+    every server alike: a shared "wall" that belongs to the sample, not to any server.
+    """
+    return (seed * 1_000_003 + round(rate * 1000)) % 2**32
 
 
 def step_passes(result: LoadResult, slo: Slo, max_error_fraction: float) -> tuple[bool, str]:
@@ -75,11 +88,6 @@ def find_capacity(
 
     import scipy.stats  # noqa: F401 - imported now, not in the middle of the first timed step
 
-    def abort_when(completed: int, over: int) -> str:
-        if stats.slo_violated(completed, over, slo.q, confidence):
-            return f"SLO violated with {confidence:.0%} confidence after {completed} requests"
-        return ""
-
     steps: list[dict[str, Any]] = []
     lo: float | None = None  # highest passing rate
     hi: float | None = None  # lowest failing rate
@@ -87,7 +95,7 @@ def find_capacity(
     rate = start_rate
     reason = ""
     for _ in range(max_steps):
-        result = run_step(rate, abort_when)
+        result = run_step(rate, EarlyStop(slo.q, confidence))  # a fresh rule (its looks) per step
         ok, why = step_passes(result, slo, max_error_fraction)
         s = result.summary
         step = {

@@ -124,28 +124,21 @@ def render_load(result: LoadResult, console: Console) -> None:
 
 
 def _verdict_decided(slo: Slo, confidence: float, min_requests: int) -> Any:
-    """Abort rule for --early-stop: the SLO verdict is pass or fail (one binomial tail each)."""
-    from scipy.stats import binom
+    """Abort rule for --early-stop: the SLO verdict is pass or fail at one of a few looks (see early_stop)."""
+    from latencylab.load.early_stop import EarlyStop
 
-    from latencylab import stats
+    rule = EarlyStop(slo.q, confidence, decide_met=True, min_requests=min_requests)
 
-    alpha = 1.0 - confidence
-
-    def decided(completed: int, over: int) -> str:
-        if completed < max(min_requests, 1):
-            return ""
-        if stats.slo_violated(completed, over, slo.q, confidence):
-            return f"early stop: SLO violated with {confidence:.0%} confidence after {completed} requests"
-        if binom.cdf(over, completed, 1.0 - slo.q) <= alpha:
-            return f"early stop: SLO met with {confidence:.0%} confidence after {completed} requests"
-        return ""
+    def decided(progress: Any) -> str:
+        reason = rule(progress)
+        return f"early stop: {reason}" if reason else ""
 
     return decided
 
 
 def run_load_command(args: argparse.Namespace, console: Console) -> int:
     from latencylab.env import fingerprint
-    from latencylab.load.capacity import find_capacity
+    from latencylab.load.capacity import find_capacity, step_seed
     from latencylab.load.runner import load_test
 
     slo = Slo.parse(args.slo) if args.slo else None
@@ -173,7 +166,8 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
                 request_start_header=args.request_start_header,
             )
             res, _ = load_test(
-                args.url, path, payloads, Poisson(rate, args.seed), cfg, slo, args.confidence, args.seed,
+                args.url, path, payloads, Poisson(rate, seed := step_seed(args.seed, rate)), cfg, slo,
+                args.confidence, seed,
                 abort_when=abort_when, env=env, target_info=info,
             )  # fmt: skip
             return res

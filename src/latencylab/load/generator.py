@@ -49,6 +49,7 @@ import numpy as np
 
 from latencylab.errors import LatencyLabError
 from latencylab.load.arrivals import ArrivalProcess
+from latencylab.load.early_stop import Progress
 from latencylab.load.http import ConnectionPool, Target, build_request, build_stamped_request, stamp
 
 LATE_NS = 1_000_000  # 1 ms
@@ -138,7 +139,7 @@ class RunStats:
 
 
 ProgressFn = Callable[[dict[str, Any]], None]
-AbortFn = Callable[[int, int], str]  # (completed, over the SLO) -> reason to stop sending, or ""
+AbortFn = Callable[[Progress], str]  # what the run knows -> reason to stop sending, or "" (see early_stop)
 
 
 class _Run:
@@ -176,6 +177,8 @@ class _Run:
         self.on_complete: Callable[[int], None] | None = None
         self.slo_ns: float | None = None
         self.over = 0  # completed requests that missed slo_ns or did not succeed
+        self.block_n: list[int] = []  # completions per 1-s block of intended send time (early stopping)
+        self.block_over: list[int] = []
         self.stop_sending = False
         self.stop_reason = ""
         self._pending: set[asyncio.Future[None]] = set()
@@ -199,8 +202,15 @@ class _Run:
         self.completed += 1
         if self.waiting:
             self.send(self.waiting.popleft())
-        if self.slo_ns is not None and (self.outcome[rid] != 0 or done - self.t0 - self.intended[rid] > self.slo_ns):
-            self.over += 1
+        if self.slo_ns is not None:
+            b = self.intended[rid] // 1_000_000_000
+            while len(self.block_n) <= b:
+                self.block_n.append(0)
+                self.block_over.append(0)
+            self.block_n[b] += 1
+            if self.outcome[rid] != 0 or done - self.t0 - self.intended[rid] > self.slo_ns:
+                self.over += 1
+                self.block_over[b] += 1
         if self.on_complete is not None:
             self.on_complete(rid)
         if self.all_sent and self.completed == len(self.intended):
@@ -261,7 +271,15 @@ class _Run:
         while not self.finished.is_set():
             await asyncio.sleep(0.05)
             if abort_when is not None and not self.stop_sending:
-                reason = abort_when(self.completed, self.over)
+                elapsed = (time.perf_counter_ns() - self.t0) / 1e9
+                # Blocks still receiving sends are left out: a half-filled block is not one observation.
+                whole = max(0, min(len(self.block_n), int(elapsed) - 1))
+                reason = abort_when(
+                    Progress(
+                        self.completed, self.over, elapsed, self.cfg.duration_s,
+                        tuple(self.block_n[:whole]), tuple(self.block_over[:whole]),
+                    )
+                )  # fmt: skip
                 if reason:
                     self.stop_sending = True
                     self.stop_reason = reason
@@ -404,8 +422,9 @@ async def generate(
 ) -> tuple[Records, RunStats]:
     """Run one load test against ``url + path`` and return the raw records and the generator's own stats.
 
-    ``abort_when(completed, over)`` is consulted every 50 ms (``over`` counts
-    completed requests slower than ``slo_ns`` or unsuccessful); a non-empty
+    ``abort_when(progress)`` is consulted every 50 ms (``progress.over`` counts
+    completed requests slower than ``slo_ns`` or unsuccessful; see
+    ``latencylab.load.early_stop``); a non-empty
     reason stops sending, lets in-flight requests finish, and is returned in
     ``RunStats.stopped_early``.
     """
