@@ -360,3 +360,89 @@ def test_thread_init_runs_in_each_compute_thread() -> None:
 
     run(go())
     assert ran and all(n.startswith("compute-sleepy") for n in ran) and len(ran) <= 2
+
+
+class BucketVariant(SleepVariant):
+    """Items are (name, tokens); a batch sleeps 0.25 ms per token of its longest item per item, like an
+    encoder whose cost grows with padded length. ``bucket`` is the next power of two >= tokens (min 16)."""
+
+    buckets = (16, 32, 64, 128)
+
+    def __init__(self) -> None:
+        super().__init__(base=0.0, per_item=0.0, max_batch_size=8)
+
+    def bucket(self, item: Any) -> int:
+        return max(16, 1 << (item[1] - 1).bit_length())
+
+    def forward(self, items: Sequence[Any]) -> Any:
+        self.batches.append([x[0] for x in items])
+        time.sleep(0.00025 * max(x[1] for x in items) * len(items) + 0.001)
+        return [0 for _ in items]
+
+    def warmup_items(self, n: int, bucket: int | None = None) -> list[Any]:
+        return [("warm", (3 * (bucket or 16)) // 4) for _ in range(n)]
+
+    def warmup(self, batch_sizes: Sequence[int]) -> None:
+        pass
+
+
+def test_bucketed_latency_model_is_per_bucket() -> None:
+    v = BucketVariant()
+    b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100)
+    b.warmup([1, 2, 4])
+    assert b.bucketed and set(b._models) >= {16, 32, 64, 128}
+    # 1 ms + 0.25 ms x 96 tokens = 25 ms for one item of bucket 128, 4 ms for bucket 16
+    assert 0.02 <= b.predict(128, 1) < 0.04
+    assert 0.003 <= b.predict(16, 1) < 0.009
+    assert b.predict(128, 1) > 4 * b.predict(16, 1)
+    assert b.predict(256, 1) == pytest.approx(2 * b.predict(128, 1))  # never measured: scaled from 128
+
+
+def test_short_requests_do_not_wait_behind_long_ones() -> None:
+    """The worker is busy; then one long request and three short ones queue, the long one first. The short
+    batch (4 ms) runs first: the long one (25 ms) has laxity to spare."""
+
+    async def go() -> list[list[Any]]:
+        v = BucketVariant()
+        b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100)
+        b.warmup([1, 2, 4])
+        v.batches.clear()
+        b.start()
+        now = time.perf_counter_ns()
+        busy = b.submit(("busy", 100), now + ms(5000))  # ~26 ms on the worker
+        await asyncio.sleep(0.003)
+        futs = [b.submit(("long", 100), now + ms(1000))]
+        futs += [b.submit((f"short{i}", 10), now + ms(1000)) for i in range(3)]
+        await asyncio.gather(busy, *futs)
+        await b.stop()
+        return v.batches
+
+    batches = run(go())
+    assert batches[0] == ["busy"]
+    assert sorted(batches[1]) == ["short0", "short1", "short2"] and batches[2] == ["long"]
+
+
+def test_a_long_request_about_to_miss_goes_first() -> None:
+    """Same queue, but the long request's deadline leaves it less laxity than the short batch takes: it goes
+    first (it can still make it), and the short ones after."""
+
+    async def go() -> tuple[list[list[Any]], list[Any]]:
+        v = BucketVariant()
+        b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100)
+        b.warmup([1, 2, 4])
+        v.batches.clear()
+        b.start()
+        now = time.perf_counter_ns()
+        busy = b.submit(("busy", 100), now + ms(5000))
+        await asyncio.sleep(0.003)
+        # busy ends ~27 ms after `now`; the long one then needs ~25 ms + 3 ms margin: a 60-ms deadline
+        # leaves it ~5 ms of laxity at that point, less than the short batch (3 x 12 tokens: ~10 ms) takes
+        long = b.submit(("long", 100), now + ms(60))
+        shorts = [b.submit((f"short{i}", 10), now + ms(1000)) for i in range(3)]
+        results = await asyncio.gather(busy, long, *shorts, return_exceptions=True)
+        await b.stop()
+        return v.batches, results
+
+    batches, results = run(go())
+    assert batches[1] == ["long"], batches
+    assert not any(isinstance(r, Exception) for r in results), results

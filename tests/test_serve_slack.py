@@ -20,11 +20,17 @@ BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1
 
 
 def test_slack_is_the_error_quantile_beyond_the_margin() -> None:
-    e = PredictionError(0.99, window_s=2.0, min_samples=100, every=1)
+    e = PredictionError(0.99, window_s=2.0, min_samples=100, every=16)
     t = 10**12
-    for i in range(99):  # too few errors for a 99th percentile: no slack
+    for i in range(15):  # fewer than `every` errors: no slack
         e.observe(t + i, 5 * MS)
-    assert e.slack_ns(t + 99, 3 * MS) == 0
+    assert e.slack_ns(t + 15, 3 * MS) == 0
+    for i in range(15, 99):  # too few for a 99th percentile: the largest error stands in (one of 9 ms)
+        e.observe(t + i, 9 * MS if i == 40 else 5 * MS)
+    assert e.slack_ns(t + 99, 3 * MS) == 6 * MS
+    e = PredictionError(0.99, window_s=2.0, min_samples=100, every=1)
+    for i in range(99):
+        e.observe(t + i, 5 * MS)
     for i in range(101):  # 200 errors: 190 of 5 ms, 10 of 20 ms -> type-7 0.99 quantile 20 ms
         e.observe(t + 100 + i, 20 * MS if i % 10 == 0 else 5 * MS)
     assert e.quantile_ns == int(np.quantile([5 * MS] * 189 + [20 * MS] * 11, 0.99)) == 20 * MS

@@ -246,6 +246,21 @@ def test_text_accepts_str_elements_and_truncates_at_256_tokens(text_variants: di
     assert np.allclose(embed(v, ["naïve café"]), v.postprocess(v.forward([item]), 1)[0][0].data[:1], atol=1e-6)
 
 
+def test_text_buckets_are_padded_length_classes(text_variants: dict[str, TextVariant]) -> None:
+    v = text_variants["fp32"]
+    assert v.buckets == (16, 32, 64, 128, 256)
+    assert text_variants["trunc64"].buckets == (16, 32, 64)
+    short = v.preprocess(text_request("a short one"))
+    long = v.preprocess(text_request("word " * 100))  # 102 tokens
+    assert v.bucket(short) == 16 and v.bucket(long) == 128
+    several = v.preprocess(text_request("word " * 150, "word " * 150))  # 2 x 152 tokens: beyond 256
+    assert v.bucket(several) == 512
+    for b in v.buckets:  # warm-up items sit in the middle of their bucket, and bucket back into it
+        items = v.warmup_items(2, b)
+        assert len(items) == 2 and items[0].lengths == ((3 * b) // 4,)
+        assert v.bucket(items[0]) == b and items[0].ids[0][0] == 101 and items[0].ids[0][-1] == 102
+
+
 def test_text_warmup_and_postprocess_checks(text_variants: dict[str, TextVariant]) -> None:
     v = text_variants["int8"]
     v.warmup([1, 2])

@@ -157,6 +157,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
             pinned = svc.ladder.index(version) if version is not None and version != "cache" else None
             resp, params = await svc.infer(req, timing, pinned)
             payload = protocol.encode_infer_response(resp, req.outputs)
+            svc.answered(timing, time.perf_counter_ns())
         except ProtocolError as exc:
             if model in state.services:
                 state.metrics.errors.labels(model, "bad_input").inc()

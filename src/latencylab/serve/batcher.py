@@ -33,6 +33,8 @@ from typing import Any
 
 from latencylab.serve.types import Tensor, Variant
 
+WARMUP_TOKENS = 2048  # bucketed warm-up times batches up to this many padded tokens (larger are extrapolated)
+
 
 class Shed(Exception):
     """The request is refused before queueing (503 + Retry-After)."""
@@ -97,6 +99,7 @@ class Job:
     item: Any = field(compare=False)
     enqueued_ns: int = field(compare=False)
     future: asyncio.Future[BatchOutcome] = field(compare=False)
+    bucket: int = field(compare=False, default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +132,13 @@ class Batcher:
         self.max_batch = max(1, min(max_batch_size, variant.max_batch_size))
         self.max_delay_ns = int(max_delay_s * 1e9)
         self.max_queue = max_queue
-        self.model = LatencyModel()
-        self._heap: list[Job] = []
+        self.model = LatencyModel()  # the latency model of bucket 0 (every item, for a variant without buckets)
+        # A variant with `bucket(item)` (text: the padded-length class of the item) gets a queue and a latency
+        # model per bucket, and the shortest batch runs first (see _pick); without it, one EDF queue.
+        self._bucket_of: Callable[[Any], int] | None = getattr(variant, "bucket", None)
+        self._queues: dict[int, list[Job]] = {0: []}
+        self._models: dict[int, LatencyModel] = {0: self.model}
+        self._queued = 0
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         # thread_init runs in each compute thread: per-thread runtime settings (OpenMP's thread count is
@@ -155,7 +163,32 @@ class Batcher:
         self.margin_ns = 3_000_000
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return self._queued
+
+    @property
+    def bucketed(self) -> bool:
+        return self._bucket_of is not None
+
+    def _model(self, bucket: int) -> LatencyModel:
+        m = self._models.get(bucket)
+        if m is None:
+            m = self._models[bucket] = LatencyModel()
+        return m
+
+    def predict(self, bucket: int, size: int) -> float:
+        """Predicted compute (s) of a batch of ``size`` items of ``bucket``.
+
+        A bucket never measured borrows the nearest measured one, scaled by the ratio of the buckets (they are
+        padded lengths: compute grows about linearly with tokens at these widths)."""
+        m = self._models.get(bucket)
+        if m is not None and m.by_size:
+            return m.predict(size)
+        known = [b for b, mb in self._models.items() if mb.by_size]
+        if not known:
+            return 0.0
+        near = min(known, key=lambda b: (abs(b - bucket), b))
+        scale = bucket / near if bucket > 0 and near > 0 else 1.0
+        return self._models[near].predict(size) * scale
 
     def warmup(self, sizes: list[int]) -> None:
         """Run each batch size (blocking) and seed the latency model with its compute time.
@@ -173,13 +206,26 @@ class Batcher:
             if items_fn is None:
                 self.model.observe(size, elapsed / 2)
                 continue
+            if self._bucket_of is not None:
+                continue  # every bucket is timed below
             items = items_fn(size)
             runs = sorted(sum(self._compute(items)[1:3]) for _ in range(3))
             self.model.observe(size, runs[1])
+        if self._bucket_of is not None and items_fn is not None:
+            # Each bucket at each size, up to WARMUP_TOKENS per batch; larger batches are extrapolated.
+            for bucket in getattr(self.variant, "buckets", ()):
+                for size in sizes:
+                    if size > self.max_batch or (size > 1 and size * bucket > WARMUP_TOKENS):
+                        continue
+                    items = items_fn(size, bucket)
+                    runs = sorted(sum(self._compute(items)[1:3]) for _ in range(3))
+                    self._model(bucket).observe(size, runs[1])
 
     def predicted_finish_ns(self, now: int) -> int:
         """When a request admitted now would be answered, if batches run back to back."""
-        n_ahead = len(self._heap) + self._reserved
+        if self._bucket_of is not None:
+            return self._predicted_finish_bucketed(now)
+        n_ahead = len(self._queues[0]) + self._reserved
         remaining = []
         for start, predicted in self._running.values():
             elapsed = (now - start) / 1e9
@@ -197,13 +243,37 @@ class Batcher:
         seconds = wait + full_batches * self.model.predict(self.max_batch) + self.model.predict(own)
         return now + int(seconds * 1e9)
 
+    def _remaining(self, now: int) -> list[float]:
+        out = []
+        for start, predicted in self._running.values():
+            elapsed = (now - start) / 1e9
+            out.append(predicted - elapsed if elapsed < predicted else elapsed)
+        return out
+
+    def _predicted_finish_bucketed(self, now: int) -> int:
+        """Admission happens before preprocessing, so the request's bucket is not known yet: it is predicted to
+        wait for all the work queued (every bucket, in full batches) and to cost a batch of one of the
+        cheapest bucket; reservations count as such batches too."""
+        remaining = self._remaining(now)
+        queued = 0.0
+        for b, q in self._queues.items():
+            full, rest = divmod(len(q), self.max_batch)
+            queued += full * self.predict(b, self.max_batch) + (self.predict(b, rest) if rest else 0.0)
+        cheapest = min((b for b, m in self._models.items() if m.by_size), default=0)
+        own = self.predict(cheapest, 1)
+        queued += self._reserved * own
+        idle = self.workers - len(remaining)
+        first_free = 0.0 if idle > 0 else min(remaining)
+        wait = max(first_free, (sum(remaining) + queued) / self.workers)
+        return now + int((wait + own) * 1e9)
+
     def admit(self, deadline_ns: int, now: int, lead_ns: int = 0) -> None:
         """Reserve a place, or raise Shed if the request cannot be queued or cannot make its deadline.
 
         ``lead_ns``: time the request still needs before it can be submitted (its expected preprocess,
         including the wait for a preprocess worker). Every successful admit must be followed by exactly
         one ``submit`` or ``unreserve``."""
-        depth = len(self._heap) + self._reserved
+        depth = self._queued + self._reserved
         if depth >= self.max_queue:
             raise Shed("queue_full", max(0.1, self.model.predict(self.max_batch) * depth / self.max_batch))
         # the same margin the release plans with (timer granularity, hand-over, answer): an admission that
@@ -227,9 +297,16 @@ class Batcher:
         if self._last_arrival is not None:
             self._gap_s += 0.1 * ((now - self._last_arrival) / 1e9 - self._gap_s)
         self._last_arrival = now
-        heapq.heappush(self._heap, Job(deadline_ns, next(self._seq), item, time.perf_counter_ns(), fut))
+        bucket = 0
+        if self._bucket_of is not None:
+            bucket = int(self._bucket_of(item))
+        q = self._queues.get(bucket)
+        if q is None:
+            q = self._queues[bucket] = []
+        heapq.heappush(q, Job(deadline_ns, next(self._seq), item, time.perf_counter_ns(), fut, bucket))
+        self._queued += 1
         if self._on_depth is not None:
-            self._on_depth(len(self._heap))
+            self._on_depth(self._queued)
         self._wake.set()
         return fut
 
@@ -243,10 +320,12 @@ class Batcher:
                 await self._task
         for t in list(self._batches):
             t.cancel()
-        for job in self._heap:
-            if not job.future.done():
-                job.future.set_exception(Shed("shutting_down", 1.0))
-        self._heap.clear()
+        for q in self._queues.values():
+            for job in q:
+                if not job.future.done():
+                    job.future.set_exception(Shed("shutting_down", 1.0))
+            q.clear()
+        self._queued = 0
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _release_at(self, now: int) -> tuple[int, str]:
@@ -255,25 +334,42 @@ class Batcher:
         Work-conserving when idle: if the compute thread is free and fewer than one more arrival is
         expected within the queue delay, waiting would only add latency, so the batch goes now ("idle").
         """
-        if len(self._heap) >= self.max_batch:
+        queues = [(b, q) for b, q in self._queues.items() if q]
+        if any(len(q) >= self.max_batch for _, q in queues):
             return now, "full"
         if len(self._running) < self.workers and self.max_delay_ns / 1e9 < self._gap_s:
             return now, "idle"
-        oldest = min(j.enqueued_ns for j in self._heap)
+        oldest = min(j.enqueued_ns for _, q in queues for j in q)
         timeout_at = oldest + self.max_delay_ns
-        earliest = self._heap[0].deadline_ns
-        predicted = self.model.predict(len(self._heap))
-        deadline_at = earliest - int(predicted * 1e9) - self.margin_ns
+        deadline_at = min(q[0].deadline_ns - int(self.predict(b, len(q)) * 1e9) for b, q in queues) - self.margin_ns
         if deadline_at < timeout_at:
             return deadline_at, "deadline"
         return timeout_at, "timeout"
 
-    def _take(self) -> list[Job]:
+    def _pick(self, now: int) -> int:
+        """The bucket whose batch runs next: the shortest predicted batch, unless that would make another
+        bucket's most urgent request miss a deadline it can still meet if it goes now (then the one with the
+        least laxity goes). Short requests do not queue behind long ones, and long ones still make their
+        deadlines while they can: the order that lowers a p99 when compute times are heavy-tailed."""
+        queues = [(b, q) for b, q in self._queues.items() if q]
+        if len(queues) == 1:
+            return queues[0][0]
+        cost = {b: self.predict(b, min(len(q), self.max_batch)) for b, q in queues}
+        first = min(queues, key=lambda bq: (cost[bq[0]], bq[1][0].deadline_ns))[0]
+        laxity = {b: q[0].deadline_ns - now - int(cost[b] * 1e9) - self.margin_ns for b, q in queues}
+        at_risk = [b for b, _ in queues if b != first and 0 <= laxity[b] < cost[first] * 1e9]
+        if at_risk:
+            return min(at_risk, key=lambda b: laxity[b])
+        return first
+
+    def _take(self, now: int) -> list[Job]:
+        q = self._queues[self._pick(now)]
         jobs: list[Job] = []
-        while self._heap and len(jobs) < self.max_batch:
-            jobs.append(heapq.heappop(self._heap))
+        while q and len(jobs) < self.max_batch:
+            jobs.append(heapq.heappop(q))
+        self._queued -= len(jobs)
         if self._on_depth is not None:
-            self._on_depth(len(self._heap))
+            self._on_depth(self._queued)
         return jobs
 
     def _compute(self, items: list[Any]) -> tuple[list[tuple[Tensor, ...]], float, float, int]:
@@ -286,7 +382,7 @@ class Batcher:
 
     async def _run(self) -> None:
         while True:
-            if not self._heap or len(self._running) >= self.workers:
+            if not self._queued or len(self._running) >= self.workers:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -299,13 +395,14 @@ class Batcher:
                     continue  # something arrived or a worker freed: re-plan (the batch may now be full)
                 except TimeoutError:
                     pass
-            jobs = self._take()
             released = time.perf_counter_ns()
+            jobs = self._take(released)
+            bucket = jobs[0].bucket
             live = [j for j in jobs if not j.future.done()]  # done: the client went away or timed out
             # Fail fast whoever can no longer make it: the batch finishes at release + predicted compute,
             # and dropping a late request shrinks the batch, so re-check until everyone left fits.
             while live:
-                finish = released + int(self.model.predict(len(live)) * 1e9)
+                finish = released + int(self.predict(bucket, len(live)) * 1e9)
                 late = [j for j in live if j.deadline_ns < finish]
                 if not late:
                     break
@@ -316,12 +413,12 @@ class Batcher:
             if not live:
                 continue
             bid = next(self._batch_ids)
-            self._running[bid] = (released, self.model.predict(len(live)))
-            task = asyncio.get_running_loop().create_task(self._run_batch(bid, live, reason, released))
+            self._running[bid] = (released, self.predict(bucket, len(live)))
+            task = asyncio.get_running_loop().create_task(self._run_batch(bid, live, reason, released, bucket))
             self._batches.add(task)
             task.add_done_callback(self._batches.discard)
 
-    async def _run_batch(self, bid: int, live: list[Job], reason: str, released: int) -> None:
+    async def _run_batch(self, bid: int, live: list[Job], reason: str, released: int, bucket: int = 0) -> None:
         try:
             outs, fwd_s, post_s, t_start = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._compute, [j.item for j in live]
@@ -334,7 +431,7 @@ class Batcher:
         finally:
             self._running.pop(bid, None)
             self._wake.set()  # a worker is free: the loop may release the next batch
-        self.model.observe(len(live), fwd_s + post_s)
+        self._model(bucket).observe(len(live), fwd_s + post_s)
         if self._on_batch is not None:
             self._on_batch(self.variant.name, len(live), reason)
         for job, out in zip(live, outs, strict=True):

@@ -45,6 +45,8 @@ class Timing:
     parsed: int = 0
     preprocessed: int = 0
     outcome: BatchOutcome | None = None
+    predicted: int = 0  # the finish admission predicted (before slack), for the prediction error at answer time
+    level: int = -1  # the rung whose batcher served it (-1: not a batcher, e.g. the cache)
     end: int = 0
     stages: list[tuple[str, float]] = field(default_factory=list)
 
@@ -241,8 +243,7 @@ class ModelService:
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.labels(self.name).set(self.in_flight)
-        done = time.perf_counter_ns()
-        errors.observe(done, done - predicted)
+        timing.predicted, timing.level = predicted, level  # the error is observed at answer time (answered)
         timing.outcome = outcome
         variant = batcher.variant.name
         if self.caching:
@@ -252,6 +253,15 @@ class ModelService:
         params = {"producer": variant, "level": level, "batch_size": outcome.batch_size, "release": outcome.reason}
         self._served(level, timing, variant, routed)
         return InferResponse(self.name, variant, outcome.outputs, request.id, params), params
+
+    def answered(self, timing: Timing, now_ns: int) -> None:
+        """The response is encoded: the admission prediction's error counts up to here, not to the batch's end.
+
+        What the handler does after the batch (waking on the loop, encoding the outputs) is part of the
+        latency the client sees, so the slack has to cover it too.
+        """
+        if timing.level >= 0:
+            self.errors[timing.level].observe(now_ns, now_ns - timing.predicted)
 
     async def _preprocess(self, variant: Variant, request: InferRequest) -> Any:
         """Preprocess in the pool, keeping the count and the per-call EWMA that admission uses."""

@@ -10,8 +10,11 @@ fixed margin. If the error does not depend on the prediction, an admitted reques
 deadline with probability ~q.
 
 Bounded memory in time: errors older than ``window_s`` are forgotten, so a stall cannot hold the slack up
-after it (the trap of estimates that only admitted requests can correct), and with fewer than
-``min_samples`` errors in the window the slack is 0: admission behaves as without it.
+after it (the trap of estimates that only admitted requests can correct). With fewer than
+``min_samples`` errors in the window (too few for the quantile itself) but at least ``every``, the
+largest error stands in for it: the best estimate a small sample has, instead of none. The first
+seconds of a burst, when the window is filling, are when admission most needs it. With fewer than
+``every`` errors the slack is 0: admission behaves as without it.
 """
 
 from __future__ import annotations
@@ -47,7 +50,10 @@ class PredictionError:
     def _recompute(self, now_ns: int) -> None:
         k = min(self._n, self._t.size)
         recent = self._err[:k][self._t[:k] >= now_ns - self.window_ns]
-        self.quantile_ns = int(np.quantile(recent, self.q)) if recent.size >= self.min_samples else 0
+        if recent.size >= self.min_samples:
+            self.quantile_ns = int(np.quantile(recent, self.q))
+        else:  # a small sample's best estimate of a high quantile is its largest value
+            self.quantile_ns = int(recent.max()) if recent.size >= self.every else 0
         self._computed_at = now_ns
 
     def slack_ns(self, now_ns: int, margin_ns: int) -> int:

@@ -83,6 +83,7 @@ EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 TEXT_MAX_LENGTH = 256  # tokens; all-MiniLM-L6-v2 was trained at 256
+MIN_BUCKET_TOKENS = 16  # the batcher's smallest text cost class (TextVariant.buckets)
 LIGHT_TEXT_LAYERS = 3
 LIGHT_TEXT_TOKENS = 64
 LIGHT_VISION_RES = 32
@@ -371,10 +372,36 @@ class TextVariant:
             out.append((Tensor("EMBEDDING", "FP32", emb.shape, emb),))
         return out
 
-    def warmup_items(self, n: int) -> list[Any]:
-        """``n`` preprocessed items of a synthetic one-sentence request (for warm-up and compute timing)."""
-        request = InferRequest(self.model_name, None, (_bytes_tensor("TEXT", [_WARMUP_TEXT.encode()]),))
-        return [self.preprocess(request) for _ in range(n)]
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The cost classes the batcher queues and times separately: padded widths 16, 32, ... max_length."""
+        out, b = [], MIN_BUCKET_TOKENS
+        while b < self.max_length:
+            out.append(b)
+            b *= 2
+        return (*out, self.max_length) if self.max_length not in out else tuple(out)
+
+    def bucket(self, item: TextItem) -> int:
+        """An item's cost class: the smallest bucket holding all its tokens (beyond max_length for a request
+        of several texts: the next power of two). Compute grows with tokens, so a batch of one bucket has
+        one predictable cost, and a short text need not wait behind a long one."""
+        tokens = sum(item.lengths)
+        for b in self.buckets:
+            if tokens <= b:
+                return b
+        return 1 << max(0, tokens - 1).bit_length()
+
+    def warmup_items(self, n: int, bucket: int | None = None) -> list[Any]:
+        """``n`` preprocessed items of a synthetic one-sentence request (for warm-up and compute timing); with
+        ``bucket``, each one text of three quarters of that many tokens (the middle of the bucket)."""
+        if bucket is None:
+            request = InferRequest(self.model_name, None, (_bytes_tensor("TEXT", [_WARMUP_TEXT.encode()]),))
+            return [self.preprocess(request) for _ in range(n)]
+        length = max(2, min(self.max_length, (3 * bucket) // 4))
+        with _TOKENIZE_LOCK:
+            enc = self.tokenizer([_WARMUP_TEXT * 40], truncation=True, max_length=length, return_attention_mask=False)
+        ids = np.asarray(enc["input_ids"][0], dtype=np.int64)
+        return [TextItem((ids.copy(),)) for _ in range(n)]
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         """Run every stage twice at each batch size on a synthetic one-sentence request."""
