@@ -321,6 +321,24 @@ def test_request_start_age_counts_in_admission() -> None:
         assert _metric(m, 'latencylab_server_request_age_at_handler_seconds_count{model="fake"}') == 2
 
 
+def test_the_guard_counts_latency_from_the_request_start() -> None:
+    """The guard's window holds what the client sees: a request 20 ms old on arrival, served in ~2 ms, is a
+    >= 20 ms sample; without the header it is a few ms."""
+    c, _v, state = _server(delays={"fp32": 0.002})
+    guard = state.services["fake"].guard
+    with c:
+        body = {**BODY, "parameters": {"deadline_ms": 500}}
+        r = c.post("/v2/models/fake/infer", json=body, headers={"X-Request-Start": _stamp(0.02)})
+        assert r.status_code == 200, r.text
+        aged = guard.window_quantile(0)
+        assert aged is not None and aged >= 20.0
+    c, _v, state = _server(delays={"fp32": 0.002})
+    with c:
+        assert c.post("/v2/models/fake/infer", json=body).status_code == 200
+        fresh = state.services["fake"].guard.window_quantile(0)
+        assert fresh is not None and fresh < 20.0
+
+
 @pytest.mark.parametrize(
     ("stamp", "fragment"),
     [("t=soon", "must be t=<unix time"), ("future", "in the future"), ("ancient", "old")],

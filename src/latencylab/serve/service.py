@@ -318,7 +318,8 @@ class ModelService:
             self.guard.observe(level, int(float(deadline_ms) * 1e6), probe=level < self.guard.level)
 
     def _served(self, level: int, timing: Timing, producer: str, routed: bool) -> None:
-        latency = time.perf_counter_ns() - timing.start
+        # from when the request started (X-Request-Start, else handler start): the latency the client sees
+        latency = time.perf_counter_ns() - (timing.start - timing.age_ns)
         if routed:  # pinned and fall-through requests are not evidence for the guard
             self.guard.observe(level, latency, probe=level < self.guard.level)
         switch = self.guard.first_served(level)
