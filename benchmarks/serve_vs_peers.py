@@ -28,7 +28,10 @@ of the best peer while keeping P99 latency <= the SLO (100 ms by default).
 * Load: one generator for all, latencylab's open-loop generator (latencylab.load.runner.load_test) with
   Poisson arrivals (the same seeded arrival times for every server at a given rate), latency from the
   intended send time. Capacity: latencylab.load.capacity.find_capacity (double from ``--start-rate`` until a
-  step fails, then bisect to ``--precision``), a step passes when P99 <= SLO, <= 1% shed/failed and the
+  step fails, then bisect to ``--precision``; each rate has its own seed, the same for every server), or with
+  ``--grid R1,R2,...`` latencylab.load.capacity.grid_capacity (every server runs the same rates, lowest
+  first; capacity = the highest rate below the first failure), a step passes when P99 <= SLO, <= 1%
+  shed/failed and the
   generator kept time; a step lasts ``--step-duration`` s and at least ``--min-requests`` requests (at
   most 3 durations); the steps run are the latency-vs-throughput curve. Before every step the server is
   drained (sequential probes until one answers about as fast as on an idle server). A step whose sends
@@ -71,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from latencylab.load.arrivals import Poisson
-from latencylab.load.capacity import Capacity, find_capacity, step_seed
+from latencylab.load.capacity import Capacity, find_capacity, grid_capacity, step_seed
 from latencylab.load.generator import AbortFn, LoadConfig, Payload
 from latencylab.load.payloads import infer_path, text_payloads
 from latencylab.load.reconcile import parse_prometheus
@@ -642,15 +645,18 @@ def search(
             flush=True,
         )
 
-    cap: Capacity = find_capacity(
-        run_step,
-        slo,
-        start_rate=args.start_rate,
-        max_rate=args.max_rate,
-        precision=args.precision,
-        max_steps=args.max_steps,
-        on_step=on_step,
-    )
+    if args.grid:  # every server the same rates and seeds: common random numbers
+        cap: Capacity = grid_capacity(run_step, slo, args.grid, on_step=on_step)
+    else:
+        cap = find_capacity(
+            run_step,
+            slo,
+            start_rate=args.start_rate,
+            max_rate=args.max_rate,
+            precision=args.precision,
+            max_steps=args.max_steps,
+            on_step=on_step,
+        )
     steps = [{**s, **x} for s, x in zip(cap.steps, extras, strict=True)]
     at_cap = next((s for s in steps if s["passed"] and s["offered_rate"] == cap.capacity_rate), None)
     return {
@@ -806,6 +812,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--latencylab-workers", type=int, help="latencylab: batches computed at once (default 1)")
     ap.add_argument("--latencylab-threads", type=int, help="latencylab: torch threads (default: --threads)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--grid",
+        type=lambda v: [float(x) for x in v.split(",")],
+        default=None,
+        help="comma-separated rates every server runs, lowest first (capacity: the highest below the first "
+        "failure) instead of each server bisecting its own path of rates",
+    )
     ap.add_argument("--warmup-s", type=float, default=4.0)
     ap.add_argument("--request-timeout", type=float, default=10.0, help="client timeout per request, s")
     ap.add_argument("--startup-timeout", type=float, default=300.0)

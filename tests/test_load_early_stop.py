@@ -12,7 +12,8 @@ from latencylab.load.arrivals import TraceReplay
 from latencylab.load.early_stop import EarlyStop, Progress, block_t_violated
 from latencylab.load.generator import LoadConfig
 from latencylab.load.payloads import fetch_metadata, payloads_for_model
-from latencylab.load.results import Slo
+from latencylab.load.capacity import grid_capacity
+from latencylab.load.results import LoadResult, Slo
 from latencylab.load.runner import load_test
 from servers import reference_server
 
@@ -88,3 +89,28 @@ def test_a_burst_at_the_start_of_a_real_run_does_not_stop_it(tmp_path: Path) -> 
     assert any(stats.slo_violated(n, int(cum[n - 1]), slo.q, 0.99) for n in range(10, 30))
     # ... and the whole run's verdict still counts the burst.
     assert s["slo"]["over"] == int(over.sum()) >= 4
+
+
+def _result(p99_ms: float) -> LoadResult:
+    summary = {"valid": True, "sent": 100, "ok": 100, "shed": 0, "error": 0, "p99_ms": p99_ms, "goodput": 10.0}
+    return LoadResult(target={}, arrivals=None, config={}, summary=summary, histograms={}, timeline=(), env={})
+
+
+def test_grid_capacity_is_the_highest_rate_below_the_first_failure() -> None:
+    """Every server runs the same grid: a pass above a failure (a lucky sample) does not raise the capacity, and
+    two failures in a row end the run."""
+    p99 = {10.0: 40.0, 20.0: 60.0, 30.0: 120.0, 40.0: 90.0, 50.0: 150.0, 60.0: 170.0, 70.0: 1.0}
+    ran: list[float] = []
+
+    def step(rate: float, abort_when: object) -> LoadResult:
+        assert isinstance(abort_when, EarlyStop)  # a fresh rule per step
+        ran.append(rate)
+        return _result(p99[rate])
+
+    cap = grid_capacity(step, Slo.parse("p99=100ms"), [70, 10, 30, 20, 40, 50, 60])
+    assert ran == [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    assert cap.capacity_rate == 20.0 and cap.goodput == 10.0
+    assert cap.reason == "passes every rate up to 20/s, first fails at 30/s"
+    assert [s["passed"] for s in cap.steps] == [True, True, False, True, False, False]
+    with pytest.raises(ValueError, match="positive"):
+        grid_capacity(step, Slo.parse("p99=100ms"), [])

@@ -14,7 +14,7 @@ steps. Each rate gets its own arrival seed (``step_seed``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +73,79 @@ def step_passes(result: LoadResult, slo: Slo, max_error_fraction: float) -> tupl
     return True, f"{stats.format_q(slo.q)} {value:.1f} ms"
 
 
+def _run(
+    run_step: StepFn,
+    rate: float,
+    slo: Slo,
+    confidence: float,
+    max_error_fraction: float,
+    on_step: Callable[[dict[str, Any]], None] | None,
+) -> dict[str, Any]:
+    result = run_step(rate, EarlyStop(slo.q, confidence))  # a fresh rule (its looks) per step
+    ok, why = step_passes(result, slo, max_error_fraction)
+    s = result.summary
+    step = {
+        "offered_rate": rate,
+        "achieved_rate": s.get("achieved_rate"),
+        "throughput_ok": s.get("throughput_ok"),
+        "goodput": s.get("goodput"),
+        "p50_ms": s.get("p50_ms"),
+        "p99_ms": s.get("p99_ms"),
+        "sent": s.get("sent"),
+        "passed": ok,
+        "why": why,
+    }
+    if on_step is not None:
+        on_step(step)
+    return step
+
+
+def grid_capacity(
+    run_step: StepFn,
+    slo: Slo,
+    rates: Sequence[float],
+    confidence: float = 0.99,
+    max_error_fraction: float = 0.01,
+    stop_after_failures: int = 2,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> Capacity:
+    """Every rate of a fixed grid, lowest first: the capacity is the highest rate below the first failure.
+
+    For comparing servers: each one runs the same rates with the same seeds (common random numbers), where a
+    bisection would send each server down its own path of rates, each with its own sample. Stops after
+    ``stop_after_failures`` failures in a row.
+    """
+    import scipy.stats  # noqa: F401 - imported now, not in the middle of the first timed step
+
+    grid = sorted({float(r) for r in rates})
+    if not grid or grid[0] <= 0:
+        raise ValueError("the grid needs positive rates")
+    steps: list[dict[str, Any]] = []
+    capacity: float | None = None
+    goodput: float | None = None
+    failed_at: float | None = None
+    run_of_failures = 0
+    for rate in grid:
+        step = _run(run_step, rate, slo, confidence, max_error_fraction, on_step)
+        steps.append(step)
+        if step["passed"]:
+            run_of_failures = 0
+            if failed_at is None:
+                capacity, goodput = rate, step["goodput"]
+        else:
+            run_of_failures += 1
+            failed_at = rate if failed_at is None else failed_at
+            if run_of_failures >= stop_after_failures:
+                break
+    if failed_at is None:
+        reason = f"passes at every rate of the grid, up to {grid[-1]:g}/s"
+    elif capacity is None:
+        reason = f"fails at the lowest rate of the grid, {grid[0]:g}/s"
+    else:
+        reason = f"passes every rate up to {capacity:g}/s, first fails at {failed_at:g}/s"
+    return Capacity(slo.describe(), capacity, goodput, tuple(steps), reason)
+
+
 def find_capacity(
     run_step: StepFn,
     slo: Slo,
@@ -95,26 +168,12 @@ def find_capacity(
     rate = start_rate
     reason = ""
     for _ in range(max_steps):
-        result = run_step(rate, EarlyStop(slo.q, confidence))  # a fresh rule (its looks) per step
-        ok, why = step_passes(result, slo, max_error_fraction)
-        s = result.summary
-        step = {
-            "offered_rate": rate,
-            "achieved_rate": s.get("achieved_rate"),
-            "throughput_ok": s.get("throughput_ok"),
-            "goodput": s.get("goodput"),
-            "p50_ms": s.get("p50_ms"),
-            "p99_ms": s.get("p99_ms"),
-            "sent": s.get("sent"),
-            "passed": ok,
-            "why": why,
-        }
+        step = _run(run_step, rate, slo, confidence, max_error_fraction, on_step)
         steps.append(step)
-        if on_step is not None:
-            on_step(step)
+        ok = step["passed"]
         if ok:
             lo = rate
-            g = s.get("goodput")
+            g = step["goodput"]
             if g is not None and (best_goodput is None or g > best_goodput):
                 best_goodput = g
         else:

@@ -279,11 +279,14 @@ class Batcher:
         # the same margin the release plans with (timer granularity, hand-over, answer): an admission that
         # only fits without it would be released late and fail with a 504 instead of a clean 503 now
         finish = self.predicted_finish_ns(now) + lead_ns + self.margin_ns
-        starved = self._last_admit_ns is not None and now - self._last_admit_ns > self.probe_after_ns
-        if finish > deadline_ns and not starved:
+        if finish > deadline_ns and not self.starved(now):
             raise Shed("deadline", max(0.1, (finish - now) / 1e9))
         self._last_admit_ns = now
         self._reserved += 1
+
+    def starved(self, now: int) -> bool:
+        """Nothing admitted for ``probe_after_ns``: the next request goes in whatever the prediction says."""
+        return self._last_admit_ns is not None and now - self._last_admit_ns > self.probe_after_ns
 
     def unreserve(self) -> None:
         """Give back an admission that will not be submitted (its preprocess failed)."""

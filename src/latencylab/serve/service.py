@@ -20,7 +20,7 @@ from latencylab.serve.cache import ResultCache
 from latencylab.serve.config import ModelConfig
 from latencylab.serve.guard import Alarm, GuardConfig, SloGuard
 from latencylab.serve.metrics import ServerMetrics
-from latencylab.serve.slack import PredictionError
+from latencylab.serve.slack import PredictionError, RiskBudget
 from latencylab.serve.types import InferRequest, InferResponse, ProtocolError, TensorSpec, Variant
 
 log = logging.getLogger("latencylab.serve")
@@ -74,6 +74,7 @@ class ModelService:
         self.guard = SloGuard(self.ladder, guard_cfg, on_alarm=self._alarm(on_alarm))
         self.batchers: list[Batcher] = []
         self.errors: list[PredictionError] = []  # per rung: how much later than predicted admitted requests finish
+        self.risk: list[RiskBudget] = []  # per rung: expected misses the admitted requests left unspent
         self._slack_shown: list[int] = []
         self.in_flight = 0
         self.preprocessing = 0  # admitted requests in (or waiting for) the preprocess pool
@@ -129,6 +130,7 @@ class ModelService:
             log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, time.perf_counter() - t0, b.model.by_size)
             self.batchers.append(b)
             self.errors.append(PredictionError(self.cfg.quantile))
+            self.risk.append(RiskBudget((1.0 - self.cfg.quantile) / 2))
             self._slack_shown.append(-1)
 
     def preprocess_lead_ns(self) -> int:
@@ -204,9 +206,18 @@ class ModelService:
         if slack != self._slack_shown[level]:
             self._slack_shown[level] = slack
             self.metrics.slack.labels(self.name, batcher.variant.name).set(slack / 1e9)
+        # Admission by risk: how likely this request is to miss, from the recent errors of the prediction; the
+        # budget admits it if the requests admitted before left enough expected misses unspent (slack.py).
+        p_miss = errors.miss_probability(now, deadline_ns - predicted, batcher.margin_ns)
+        budget = self.risk[level]
+        if not budget.admit(p_miss) and not batcher.starved(now):
+            self.metrics.shed.labels(self.name, "deadline").inc()
+            retry = max(0.1, (predicted + slack - now) / 1e9)
+            raise ServiceError(503, "overloaded (deadline)", retry, "shed")
         try:
-            batcher.admit(deadline_ns, now, lead + slack)
+            batcher.admit(deadline_ns, now, lead)
         except Shed as shed:
+            budget.refund(p_miss)
             self.metrics.shed.labels(self.name, shed.reason).inc()
             raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
         self.in_flight += 1
