@@ -9,10 +9,10 @@ import pytest
 
 from latencylab import stats
 from latencylab.load.arrivals import TraceReplay
+from latencylab.load.capacity import grid_capacity
 from latencylab.load.early_stop import EarlyStop, Progress, block_t_violated
 from latencylab.load.generator import LoadConfig
 from latencylab.load.payloads import fetch_metadata, payloads_for_model
-from latencylab.load.capacity import grid_capacity
 from latencylab.load.results import LoadResult, Slo
 from latencylab.load.runner import load_test
 from servers import reference_server

@@ -72,3 +72,24 @@ def test_cli_flags_reach_the_configs() -> None:
     load = parser.parse_args(["load", "--url", "http://127.0.0.1:1", "--model", "m", "--request-start-header"])
     assert load.request_start_header is True
     assert parser.parse_args(["load", "--url", "http://127.0.0.1:1", "--model", "m"]).request_start_header is False
+
+
+def test_switch_interval_setting() -> None:
+    import sys
+
+    from latencylab.errors import LatencyLabError
+    from latencylab.serve.config import parse_config
+    from latencylab.serve.frontend import apply_process_settings
+
+    models = [{"name": "vision", "ladder": ["fp32"]}]
+    cfg = parse_config({"server": {"switch_interval_ms": 0.25}, "models": models})
+    before = sys.getswitchinterval()
+    try:
+        apply_process_settings(cfg)
+        assert sys.getswitchinterval() == pytest.approx(0.00025)
+        apply_process_settings(parse_config({"models": models}))
+        assert sys.getswitchinterval() == pytest.approx(0.0005)  # the server's default, not CPython's 5 ms
+    finally:
+        sys.setswitchinterval(before)
+    with pytest.raises(LatencyLabError, match="switch_interval_ms must be in"):
+        parse_config({"server": {"switch_interval_ms": 0}, "models": models})

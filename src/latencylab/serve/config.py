@@ -9,6 +9,7 @@ Example (``serve.toml``)::
     token_env = "LATENCYLAB_TOKEN"   # optional: require "Authorization: Bearer <value of this env var>"
     webhook = "http://127.0.0.1:9000/alarm"   # optional: alarms are POSTed here as JSON
     otlp_endpoint = "http://127.0.0.1:4318/v1/traces"  # optional: OTLP/HTTP trace export
+    switch_interval_ms = 0.5    # the process's GIL switch interval (CPython's default is 5 ms)
 
     [[models]]
     name = "text"               # built-in: text (MiniLM) or vision (digits CNN)
@@ -22,6 +23,7 @@ Example (``serve.toml``)::
     compute_workers = 1         # batches computed at once per variant (with --threads 1: one core each)
     long_input_threads = 2      # optional (text): a batch whose longest input has >= long_input_tokens tokens
     long_input_tokens = 96      #   runs on this many intra-op threads (the others on --threads)
+    admission_slack = true      # admission adds a slack fed back from the realised tail (serve/slack.py)
     cache_ttl_s = 60
     cache_entries = 10000
     [models.guard]              # optional overrides of GuardConfig
@@ -56,6 +58,7 @@ class ModelConfig:
     compute_workers: int = 1
     long_input_threads: int | None = None
     long_input_tokens: int = 96
+    admission_slack: bool = True
     guard: dict[str, Any] = field(default_factory=dict)
     # "package.module:function": called as function(variant_names, max_batch_size, device) -> list of Variants,
     # for models that are not built in (e.g. an exported artifact wrapped in a Variant).
@@ -99,10 +102,13 @@ class ServerConfig:
     threads: int | None = None
     # deadlines count from a request's X-Request-Start header when it has one (serve/request_start.py)
     trust_request_start: bool = True
+    switch_interval_ms: float = 0.5  # sys.setswitchinterval for the server process (CPython's default: 5 ms)
 
     def __post_init__(self) -> None:
         if not self.models:
             raise LatencyLabError("the config serves no model")
+        if not 0 < self.switch_interval_ms <= 100:
+            raise LatencyLabError(f"switch_interval_ms must be in (0, 100], got {self.switch_interval_ms}")
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise LatencyLabError("a model is listed twice")

@@ -173,7 +173,7 @@ def _session(path: Path, threads: int) -> Any:
     # section pays a wake-up, and a served request mostly arrives to a sleeping pool (measured, 2 threads,
     # one request every 20 ms: a 17-token text 5.2-5.3 ms spinning against 7.2-8.6 ms not; a 208-token
     # passage, fused graph, 35.9 against 43.8 ms).
-    so.add_session_config_entry("session.intra_op.allow_spinning", os.environ.get("LATENCYLAB_ORT_SPIN", "1"))
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     so.log_severity_level = 3
     try:
         return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])

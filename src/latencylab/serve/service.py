@@ -20,7 +20,7 @@ from latencylab.serve.cache import ResultCache
 from latencylab.serve.config import ModelConfig
 from latencylab.serve.guard import Alarm, GuardConfig, SloGuard
 from latencylab.serve.metrics import ServerMetrics
-from latencylab.serve.slack import PredictionError, RiskBudget
+from latencylab.serve.slack import SlackController
 from latencylab.serve.types import InferRequest, InferResponse, ProtocolError, TensorSpec, Variant
 
 log = logging.getLogger("latencylab.serve")
@@ -45,7 +45,7 @@ class Timing:
     parsed: int = 0
     preprocessed: int = 0
     outcome: BatchOutcome | None = None
-    predicted: int = 0  # the finish admission predicted (before slack), for the prediction error at answer time
+    deadline: int = 0  # perf_counter_ns deadline, for the slack controller at answer time
     level: int = -1  # the rung whose batcher served it (-1: not a batcher, e.g. the cache)
     end: int = 0
     stages: list[tuple[str, float]] = field(default_factory=list)
@@ -73,8 +73,7 @@ class ModelService:
         guard_cfg = GuardConfig(slo_ms=cfg.slo_ms, q=cfg.quantile, **cfg.guard)
         self.guard = SloGuard(self.ladder, guard_cfg, on_alarm=self._alarm(on_alarm))
         self.batchers: list[Batcher] = []
-        self.errors: list[PredictionError] = []  # per rung: how much later than predicted admitted requests finish
-        self.risk: list[RiskBudget] = []  # per rung: expected misses the admitted requests left unspent
+        self.slack: list[SlackController] = []  # per rung: admission slack from the realised tail (slack.py)
         self._slack_shown: list[int] = []
         self.in_flight = 0
         self.preprocessing = 0  # admitted requests in (or waiting for) the preprocess pool
@@ -129,8 +128,7 @@ class ModelService:
                 self.pre_s = runs[1]
             log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, time.perf_counter() - t0, b.model.by_size)
             self.batchers.append(b)
-            self.errors.append(PredictionError(self.cfg.quantile))
-            self.risk.append(RiskBudget((1.0 - self.cfg.quantile) / 2))
+            self.slack.append(SlackController(self.cfg.quantile))
             self._slack_shown.append(-1)
 
     def preprocess_lead_ns(self) -> int:
@@ -199,25 +197,15 @@ class ModelService:
             level = len(self.variants) - 1  # no cached answer: the lightest model answers
             routed = False  # ... but its latency is not evidence about the rung it was routed to
         batcher = self.batchers[level]
-        errors = self.errors[level]
+        control = self.slack[level]
         lead = self.preprocess_lead_ns()
-        predicted = batcher.predicted_finish_ns(now) + lead  # what admission expects, before any margin
-        slack = errors.slack_ns(now, batcher.margin_ns)
+        slack = control.current(now) if self.cfg.admission_slack else 0
         if slack != self._slack_shown[level]:
             self._slack_shown[level] = slack
             self.metrics.slack.labels(self.name, batcher.variant.name).set(slack / 1e9)
-        # Admission by risk: how likely this request is to miss, from the recent errors of the prediction; the
-        # budget admits it if the requests admitted before left enough expected misses unspent (slack.py).
-        p_miss = errors.miss_probability(now, deadline_ns - predicted, batcher.margin_ns)
-        budget = self.risk[level]
-        if not budget.admit(p_miss) and not batcher.starved(now):
-            self.metrics.shed.labels(self.name, "deadline").inc()
-            retry = max(0.1, (predicted + slack - now) / 1e9)
-            raise ServiceError(503, "overloaded (deadline)", retry, "shed")
         try:
-            batcher.admit(deadline_ns, now, lead)
+            batcher.admit(deadline_ns, now, lead + slack)
         except Shed as shed:
-            budget.refund(p_miss)
             self.metrics.shed.labels(self.name, shed.reason).inc()
             raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
         self.in_flight += 1
@@ -239,11 +227,11 @@ class ModelService:
                 outcome = await asyncio.wait_for(asyncio.shield(fut), remaining + 0.005)
             except TimeoutError:
                 fut.cancel()
-                self._missed(errors, deadline_ns, predicted)
+                self._missed(control, deadline_ns)
                 self._penalise(level, routed, deadline_ms)
                 raise ServiceError(504, f"deadline of {deadline_ms:g} ms exceeded", kind="deadline") from None
             except DeadlineExceeded as exc:
-                self._missed(errors, deadline_ns, predicted)
+                self._missed(control, deadline_ns)
                 self._penalise(level, routed, deadline_ms)
                 raise ServiceError(504, str(exc), kind="deadline") from None
             except ModelFailure as exc:
@@ -254,7 +242,7 @@ class ModelService:
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.labels(self.name).set(self.in_flight)
-        timing.predicted, timing.level = predicted, level  # the error is observed at answer time (answered)
+        timing.deadline, timing.level = deadline_ns, level  # observed by the slack controller at answer time
         timing.outcome = outcome
         variant = batcher.variant.name
         if self.caching:
@@ -266,13 +254,13 @@ class ModelService:
         return InferResponse(self.name, variant, outcome.outputs, request.id, params), params
 
     def answered(self, timing: Timing, now_ns: int) -> None:
-        """The response is encoded: the admission prediction's error counts up to here, not to the batch's end.
+        """The response is encoded: the slack controller sees how far before its deadline it got here.
 
         What the handler does after the batch (waking on the loop, encoding the outputs) is part of the
-        latency the client sees, so the slack has to cover it too.
+        latency the client sees, so it counts, not just the batch's end.
         """
         if timing.level >= 0:
-            self.errors[timing.level].observe(now_ns, now_ns - timing.predicted)
+            self.slack[timing.level].observe(now_ns, now_ns - timing.deadline)
 
     async def _preprocess(self, variant: Variant, request: InferRequest) -> Any:
         """Preprocess in the pool, keeping the count and the per-call EWMA that admission uses."""
@@ -318,10 +306,10 @@ class ModelService:
         self.guard.observe(level, latency, probe=True)
 
     @staticmethod
-    def _missed(errors: PredictionError, deadline_ns: int, predicted: int) -> None:
+    def _missed(control: SlackController, deadline_ns: int) -> None:
         """A request that missed its deadline would have finished after it (failed fast at release: later)."""
         now = time.perf_counter_ns()
-        errors.observe(now, max(now, deadline_ns) - predicted)
+        control.observe(now, max(now, deadline_ns) - deadline_ns)
 
     def _penalise(self, level: int, routed: bool, deadline_ms: float) -> None:
         """A failed or timed-out request counts for the guard as a response at its deadline."""
