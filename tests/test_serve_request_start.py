@@ -93,3 +93,16 @@ def test_switch_interval_setting() -> None:
         sys.setswitchinterval(before)
     with pytest.raises(LatencyLabError, match="switch_interval_ms must be in"):
         parse_config({"server": {"switch_interval_ms": 0}, "models": models})
+
+
+def test_admission_slack_setting() -> None:
+    from latencylab.errors import LatencyLabError
+    from latencylab.serve.config import parse_config
+
+    cfg = parse_config({"models": [{"name": "vision", "ladder": ["fp32"], "admission_slack": "off"}]})
+    assert cfg.models[0].admission_slack == "off"
+    assert parse_config({"models": [{"name": "vision", "ladder": ["fp32"]}]}).models[0].admission_slack == "boundary"
+    with pytest.raises(LatencyLabError, match="admission_slack must be boundary or off"):
+        parse_config({"models": [{"name": "vision", "ladder": ["fp32"], "admission_slack": "tail"}]})
+    with pytest.raises(LatencyLabError, match="preprocess_threads must be >= 0"):
+        parse_config({"server": {"preprocess_threads": -1}, "models": [{"name": "vision", "ladder": ["fp32"]}]})

@@ -6,53 +6,50 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
 from fake_variants import FakeVariant
 from latencylab.serve.app import build_state, lifespan_app
 from latencylab.serve.config import ModelConfig, ServerConfig
-from latencylab.serve.slack import SlackController
+from latencylab.serve.slack import BoundarySlack
 
 MS = 1_000_000
 BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
 
 
-def test_slack_stays_at_zero_while_the_tail_is_inside_the_target() -> None:
-    c = SlackController(0.99, outside_ns=2 * MS, window_s=2.0, interval_s=0.1, gain=0.5, min_samples=50)
+def test_boundary_slack_is_the_error_quantile_of_near_boundary_requests() -> None:
+    b = BoundarySlack(0.99, band_ns=5 * MS, window_s=2.0, interval_s=0.1, min_samples=50)
     t = 10**12
-    for i in range(200):  # every request answered 5..15 ms before its deadline
-        c.observe(t + i * MS, -(5 + i % 10) * MS)
-    assert c.current(t) == 0
-    assert c.current(t + 300 * MS) == 0 and c.tail_ns is not None and c.tail_ns <= -5 * MS
+    assert b.near(7 * MS, 3 * MS) and not b.near(9 * MS, 3 * MS)  # within margin + slack + band (8 ms)
+    assert b.current(t, 3 * MS) == 0
+    for i in range(100):  # errors 1..10 ms
+        b.observe(t + i * MS, (1 + i % 10) * MS)
+    assert b.current(t + 100 * MS, 3 * MS) == int(np.quantile([(1 + i % 10) * MS for i in range(100)], 0.99)) - 3 * MS
+    assert b.slack_ns == 7 * MS
+    assert b.near(14 * MS, 3 * MS)  # the band moves with the slack: 3 + 7 + 5 ms
+    assert b.current(t + 150 * MS, 3 * MS) == 7 * MS  # no update within the interval
 
 
-def test_slack_rises_with_a_late_tail_and_falls_back() -> None:
-    c = SlackController(0.99, outside_ns=2 * MS, window_s=2.0, interval_s=0.1, gain=0.5, min_samples=50)
+def test_boundary_slack_decays_without_evidence() -> None:
+    """At loads met with room to spare nothing is admitted near the boundary: the slack halves to 0."""
+    b = BoundarySlack(0.99, window_s=2.0, interval_s=0.1, min_samples=50)
     t = 10**12
-    c.current(t)
-    for i in range(100):  # 10% finish 8 ms after their deadline: the p99 is 10 ms past the target
-        c.observe(t + i * MS, 8 * MS if i % 10 == 0 else -10 * MS)
-    assert c.current(t + 100 * MS) == 5 * MS  # 0.5 x (8 - (-2)) ms
-    assert c.current(t + 150 * MS) == 5 * MS  # no update within the interval
-    assert c.current(t + 200 * MS) == 10 * MS  # the same tail: another step up
-    for i in range(200):  # then everything early: the tail is 12 ms inside the deadline
-        c.observe(t + 1_000 * MS + i * MS, -12 * MS)
-    # once only the early ones are in the window, the slack comes down by 0.5 x (12 - 2) ms each update
-    assert c.current(t + 2_150 * MS) == 5 * MS
-    assert c.current(t + 2_250 * MS) == 0  # never below 0
+    b.current(t, 0)
     for i in range(60):
-        c.observe(t + 2_300 * MS + i, 20 * MS)
-    assert c.current(t + 2_350 * MS) == 11 * MS  # 0.5 x (20 + 2) ms
-    assert c.current(t + 10_000 * MS) == 5_500_000  # nothing in the window any more: halves at each update
-    assert c.tail_ns is None
+        b.observe(t + i * MS, 40 * MS)
+    assert b.current(t + 100 * MS, 0) == 40 * MS
+    assert b.current(t + 3_000 * MS, 0) == 20 * MS  # the window emptied: halves at each update
+    assert b.current(t + 3_100 * MS, 0) == 10 * MS
+    for k in range(30):
+        b.current(t + (3_200 + 100 * k) * MS, 0)
+    assert b.slack_ns == 0
 
 
-def test_bad_controller_settings() -> None:
+def test_bad_slack_settings() -> None:
     with pytest.raises(ValueError, match="q must"):
-        SlackController(99)
-    with pytest.raises(ValueError, match="gain"):
-        SlackController(0.99, gain=0.0)
+        BoundarySlack(99)
 
 
 class _SometimesSlow(FakeVariant):
@@ -71,8 +68,9 @@ class _SometimesSlow(FakeVariant):
 
 def test_a_late_tail_tightens_admission_until_it_fits() -> None:
     """A quarter of the batches take 15 ms longer than the others; every request has a 12-ms deadline. The
-    prediction (a few ms) admits them all at first, and a quarter finish late; the controller raises the slack
-    until admission refuses what it cannot finish in time. A 200-ms deadline is still served."""
+    prediction (a few ms) admits them all at first, near the boundary, and a quarter finish late; the slack
+    (their errors' p99) rises until admission refuses what it cannot finish in time. A 200-ms deadline is still
+    served."""
     variant = _SometimesSlow("fp32")
     cfg = ServerConfig(models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make"),))
     state = build_state(cfg, {"fake": [variant]})
@@ -83,11 +81,11 @@ def test_a_late_tail_tightens_admission_until_it_fits() -> None:
         codes, slack = [], []
         for _ in range(300):
             codes.append(c.post(url, json={**BODY, "parameters": {"deadline_ms": 12}}).status_code)
-            slack.append(svc.slack[0].slack_ns)
+            slack.append(svc.boundary[0].slack_ns)
         assert codes[:20].count(503) <= 2  # nothing to go on yet: admitted on the prediction
         assert codes[-150:].count(503) >= 30, codes[-150:]  # the slack now refuses what would finish late
         assert set(codes) <= {200, 503, 504}
         assert max(slack) >= 3 * MS and slack[0] == 0
         assert c.post(url, json={**BODY, "parameters": {"deadline_ms": 200}}).status_code == 200
         shown = [line for line in c.get("/metrics").text.splitlines() if line.startswith(gauge)]
-        assert shown and float(shown[0].split()[-1]) * 1e9 == pytest.approx(svc.slack[0].slack_ns, abs=MS)
+        assert shown and float(shown[0].split()[-1]) * 1e9 == pytest.approx(svc.boundary[0].slack_ns, abs=MS)

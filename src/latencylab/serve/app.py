@@ -236,13 +236,14 @@ def build_state(
     cfg: ServerConfig,
     variants_by_model: Mapping[str, Sequence[Variant]],
     tracer_provider: Any = None,
-    preprocess_threads: int = 2,
+    preprocess_threads: int | None = None,
 ) -> ServerState:
     """Services with warmed batchers for every model in ``cfg`` (blocking: runs the warm-up)."""
     from latencylab.serve.guard import webhook_notifier
 
     metrics = ServerMetrics({m.name: m.slo_ms / 1e3 for m in cfg.models})
-    pool = concurrent.futures.ThreadPoolExecutor(preprocess_threads, thread_name_prefix="preprocess")
+    n_pre = cfg.preprocess_threads if preprocess_threads is None else preprocess_threads
+    pool = concurrent.futures.ThreadPoolExecutor(n_pre, thread_name_prefix="preprocess") if n_pre > 0 else None
     hook = webhook_notifier(cfg.webhook) if cfg.webhook else None
     services = {}
     for m in cfg.models:

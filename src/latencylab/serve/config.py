@@ -23,7 +23,7 @@ Example (``serve.toml``)::
     compute_workers = 1         # batches computed at once per variant (with --threads 1: one core each)
     long_input_threads = 2      # optional (text): a batch whose longest input has >= long_input_tokens tokens
     long_input_tokens = 96      #   runs on this many intra-op threads (the others on --threads)
-    admission_slack = true      # admission adds a slack fed back from the realised tail (serve/slack.py)
+    admission_slack = "boundary"  # what admission adds to its prediction: boundary | off (serve/slack.py)
     cache_ttl_s = 60
     cache_entries = 10000
     [models.guard]              # optional overrides of GuardConfig
@@ -58,7 +58,7 @@ class ModelConfig:
     compute_workers: int = 1
     long_input_threads: int | None = None
     long_input_tokens: int = 96
-    admission_slack: bool = True
+    admission_slack: str = "boundary"  # "boundary" | "off" (serve/slack.py)
     guard: dict[str, Any] = field(default_factory=dict)
     # "package.module:function": called as function(variant_names, max_batch_size, device) -> list of Variants,
     # for models that are not built in (e.g. an exported artifact wrapped in a Variant).
@@ -83,6 +83,10 @@ class ModelConfig:
                 raise LatencyLabError(f"model {self.name!r}: {key} must be >= 1")
         if not 0 < self.quantile < 1:
             raise LatencyLabError(f"model {self.name!r}: quantile must be a fraction, e.g. 0.99")
+        if self.admission_slack not in ("boundary", "off"):
+            raise LatencyLabError(
+                f"model {self.name!r}: admission_slack must be boundary or off, got {self.admission_slack!r}"
+            )
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -103,10 +107,13 @@ class ServerConfig:
     # deadlines count from a request's X-Request-Start header when it has one (serve/request_start.py)
     trust_request_start: bool = True
     switch_interval_ms: float = 0.5  # sys.setswitchinterval for the server process (CPython's default: 5 ms)
+    preprocess_threads: int = 2  # the preprocess pool; 0: preprocess inline on the event loop
 
     def __post_init__(self) -> None:
         if not self.models:
             raise LatencyLabError("the config serves no model")
+        if self.preprocess_threads < 0:
+            raise LatencyLabError(f"preprocess_threads must be >= 0, got {self.preprocess_threads}")
         if not 0 < self.switch_interval_ms <= 100:
             raise LatencyLabError(f"switch_interval_ms must be in (0, 100], got {self.switch_interval_ms}")
         names = [m.name for m in self.models]

@@ -20,7 +20,7 @@ from latencylab.serve.cache import ResultCache
 from latencylab.serve.config import ModelConfig
 from latencylab.serve.guard import Alarm, GuardConfig, SloGuard
 from latencylab.serve.metrics import ServerMetrics
-from latencylab.serve.slack import SlackController
+from latencylab.serve.slack import BoundarySlack
 from latencylab.serve.types import InferRequest, InferResponse, ProtocolError, TensorSpec, Variant
 
 log = logging.getLogger("latencylab.serve")
@@ -45,7 +45,7 @@ class Timing:
     parsed: int = 0
     preprocessed: int = 0
     outcome: BatchOutcome | None = None
-    deadline: int = 0  # perf_counter_ns deadline, for the slack controller at answer time
+    predicted: int = 0  # predicted finish of a request admitted near the boundary (else 0), for BoundarySlack
     level: int = -1  # the rung whose batcher served it (-1: not a batcher, e.g. the cache)
     end: int = 0
     stages: list[tuple[str, float]] = field(default_factory=list)
@@ -57,7 +57,7 @@ class ModelService:
         cfg: ModelConfig,
         variants: Sequence[Variant],
         metrics: ServerMetrics,
-        preprocess_pool: concurrent.futures.Executor,
+        preprocess_pool: concurrent.futures.Executor | None,
         on_alarm: Any = None,
         compute_threads: int | None = None,
     ) -> None:
@@ -73,12 +73,12 @@ class ModelService:
         guard_cfg = GuardConfig(slo_ms=cfg.slo_ms, q=cfg.quantile, **cfg.guard)
         self.guard = SloGuard(self.ladder, guard_cfg, on_alarm=self._alarm(on_alarm))
         self.batchers: list[Batcher] = []
-        self.slack: list[SlackController] = []  # per rung: admission slack from the realised tail (slack.py)
+        self.boundary: list[BoundarySlack] = []  # per rung: admission slack from near-boundary errors (slack.py)
         self._slack_shown: list[int] = []
         self.in_flight = 0
         self.preprocessing = 0  # admitted requests in (or waiting for) the preprocess pool
         self.pre_s = 0.0  # EWMA of one preprocess call
-        self.pool_workers = max(1, int(getattr(preprocess_pool, "_max_workers", 1)))
+        self.pool_workers = max(1, int(getattr(preprocess_pool, "_max_workers", 1)))  # None: inline, one at a time
         self.caching = "cache" in self.ladder  # only a ladder with a cache rung stores answers
         self.compute_threads = compute_threads
         for v in self.variants:  # long inputs on more threads (variants that support it: text)
@@ -128,7 +128,7 @@ class ModelService:
                 self.pre_s = runs[1]
             log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, time.perf_counter() - t0, b.model.by_size)
             self.batchers.append(b)
-            self.slack.append(SlackController(self.cfg.quantile))
+            self.boundary.append(BoundarySlack(self.cfg.quantile))
             self._slack_shown.append(-1)
 
     def preprocess_lead_ns(self) -> int:
@@ -197,9 +197,11 @@ class ModelService:
             level = len(self.variants) - 1  # no cached answer: the lightest model answers
             routed = False  # ... but its latency is not evidence about the rung it was routed to
         batcher = self.batchers[level]
-        control = self.slack[level]
         lead = self.preprocess_lead_ns()
-        slack = control.current(now) if self.cfg.admission_slack else 0
+        boundary = self.boundary[level]
+        predicted = batcher.predicted_finish_ns(now) + lead  # what admission expects, before any margin
+        slack = boundary.current(now, batcher.margin_ns) if self.cfg.admission_slack == "boundary" else 0
+        near = boundary.near(deadline_ns - predicted, batcher.margin_ns)
         if slack != self._slack_shown[level]:
             self._slack_shown[level] = slack
             self.metrics.slack.labels(self.name, batcher.variant.name).set(slack / 1e9)
@@ -227,11 +229,11 @@ class ModelService:
                 outcome = await asyncio.wait_for(asyncio.shield(fut), remaining + 0.005)
             except TimeoutError:
                 fut.cancel()
-                self._missed(control, deadline_ns)
+                self._missed(boundary, deadline_ns, predicted if near else 0)
                 self._penalise(level, routed, deadline_ms)
                 raise ServiceError(504, f"deadline of {deadline_ms:g} ms exceeded", kind="deadline") from None
             except DeadlineExceeded as exc:
-                self._missed(control, deadline_ns)
+                self._missed(boundary, deadline_ns, predicted if near else 0)
                 self._penalise(level, routed, deadline_ms)
                 raise ServiceError(504, str(exc), kind="deadline") from None
             except ModelFailure as exc:
@@ -242,7 +244,8 @@ class ModelService:
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.labels(self.name).set(self.in_flight)
-        timing.deadline, timing.level = deadline_ns, level  # observed by the slack controller at answer time
+        timing.level = level
+        timing.predicted = predicted if near else 0  # observed by the boundary slack at answer time
         timing.outcome = outcome
         variant = batcher.variant.name
         if self.caching:
@@ -254,21 +257,24 @@ class ModelService:
         return InferResponse(self.name, variant, outcome.outputs, request.id, params), params
 
     def answered(self, timing: Timing, now_ns: int) -> None:
-        """The response is encoded: the slack controller sees how far before its deadline it got here.
+        """The response is encoded: a request admitted near the boundary reports its prediction error up to here.
 
         What the handler does after the batch (waking on the loop, encoding the outputs) is part of the
         latency the client sees, so it counts, not just the batch's end.
         """
-        if timing.level >= 0:
-            self.slack[timing.level].observe(now_ns, now_ns - timing.deadline)
+        if timing.level >= 0 and timing.predicted:
+            self.boundary[timing.level].observe(now_ns, now_ns - timing.predicted)
 
     async def _preprocess(self, variant: Variant, request: InferRequest) -> Any:
         """Preprocess in the pool, keeping the count and the per-call EWMA that admission uses."""
         self.preprocessing += 1
         try:
-            took, item = await asyncio.get_running_loop().run_in_executor(
-                self.pool, _timed, variant.preprocess, request
-            )
+            if self.pool is None:  # inline on the event loop: no thread hand-over (one core: nothing to overlap)
+                took, item = _timed(variant.preprocess, request)
+            else:
+                took, item = await asyncio.get_running_loop().run_in_executor(
+                    self.pool, _timed, variant.preprocess, request
+                )
         finally:
             self.preprocessing -= 1
         if self.pre_s == 0.0:
@@ -306,10 +312,11 @@ class ModelService:
         self.guard.observe(level, latency, probe=True)
 
     @staticmethod
-    def _missed(control: SlackController, deadline_ns: int) -> None:
+    def _missed(boundary: BoundarySlack, deadline_ns: int, predicted: int) -> None:
         """A request that missed its deadline would have finished after it (failed fast at release: later)."""
-        now = time.perf_counter_ns()
-        control.observe(now, max(now, deadline_ns) - deadline_ns)
+        if predicted:
+            now = time.perf_counter_ns()
+            boundary.observe(now, max(now, deadline_ns) - predicted)
 
     def _penalise(self, level: int, routed: bool, deadline_ms: float) -> None:
         """A failed or timed-out request counts for the guard as a response at its deadline."""
