@@ -366,3 +366,29 @@ def test_request_start_is_ignored_when_not_trusted() -> None:
             r = c.post("/v2/models/fake/infer", json=body, headers={"X-Request-Start": value})
             assert r.status_code == 200, r.text
         assert "latencylab_server_request_age_at_handler_seconds_count" not in c.get("/metrics").text
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_preprocessing_runs_inline_or_in_the_pool(threads: int) -> None:
+    """preprocess_threads = 0: preprocessing runs in the handler, on the event loop's thread; otherwise in the
+    preprocess pool."""
+    import threading
+
+    seen: list[str] = []
+
+    class Recording(FakeVariant):
+        def preprocess(self, request: Any) -> Any:
+            seen.append(threading.current_thread().name)
+            return super().preprocess(request)
+
+    cfg = ServerConfig(
+        models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make"),), preprocess_threads=threads
+    )
+    state = build_state(cfg, {"fake": [Recording("fp32", 0.002)]})
+    with TestClient(lifespan_app(state)) as c:
+        for _ in range(3):
+            r = c.post("/v2/models/fake/infer", json=BODY)
+            assert r.status_code == 200, r.text
+    served = seen[-3:]
+    assert len(served) == 3
+    assert all(name.startswith("preprocess") == (threads > 0) for name in served), served
