@@ -392,3 +392,44 @@ def test_preprocessing_runs_inline_or_in_the_pool(threads: int) -> None:
     served = seen[-3:]
     assert len(served) == 3
     assert all(name.startswith("preprocess") == (threads > 0) for name in served), served
+
+
+def test_direct_path_when_the_batcher_is_idle() -> None:
+    """direct_when_idle: a request that finds the batcher idle is preprocessed and computed on the compute thread
+    in one hand-over (release "direct"); requests that arrive while it is busy queue and batch as before. Bad
+    input on the direct path is a 400, a model error a 500, and the server stays up."""
+    import threading
+
+    seen: list[str] = []
+
+    class Recording(FakeVariant):
+        def preprocess(self, request: Any) -> Any:
+            seen.append(threading.current_thread().name)
+            return super().preprocess(request)
+
+    v = Recording("fp32", 0.03)
+    cfg = ServerConfig(
+        models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make", direct_when_idle=True),)
+    )
+    state = build_state(cfg, {"fake": [v]})
+    url = "/v2/models/fake/infer"
+    with TestClient(lifespan_app(state)) as c:
+        r = c.post(url, json=BODY)
+        assert r.status_code == 200, r.text
+        p = r.json()["parameters"]
+        assert p["release"] == "direct" and p["batch_size"] == 1
+        assert r.json()["outputs"][0]["data"] == [2.0, 4.0, 6.0, 8.0]
+        assert seen[-1].startswith("compute-")  # preprocessed on the compute thread itself
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: c.post(url, json=BODY), range(6)))
+        assert all(a.status_code == 200 for a in answers)
+        releases = [a.json()["parameters"]["release"] for a in answers]
+        assert any(rel != "direct" for rel in releases), releases  # busy: the others queued and batched
+        bad = c.post(url, json={"inputs": [{"name": "X", "datatype": "FP32", "shape": [0, 4], "data": []}]})
+        assert bad.status_code == 400 and "at least one row" in bad.json()["error"]
+        v.fail = True
+        assert c.post(url, json=BODY).status_code == 500
+        v.fail = False
+        assert c.post(url, json=BODY).status_code == 200
+        m = c.get("/metrics").text
+        assert _metric(m, 'latencylab_server_batches_total{model="fake",reason="direct",variant="fp32"}') >= 3

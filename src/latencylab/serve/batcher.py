@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from latencylab.serve.types import Tensor, Variant
+from latencylab.serve.types import ProtocolError, Tensor, Variant
 
 WARMUP_TOKENS = 2048  # bucketed warm-up times batches up to this many padded tokens (larger are extrapolated)
 
@@ -259,8 +259,7 @@ class Batcher:
         for b, q in self._queues.items():
             full, rest = divmod(len(q), self.max_batch)
             queued += full * self.predict(b, self.max_batch) + (self.predict(b, rest) if rest else 0.0)
-        cheapest = min((b for b, m in self._models.items() if m.by_size), default=0)
-        own = self.predict(cheapest, 1)
+        own = self.predict(self._cheapest_bucket(), 1)
         queued += self._reserved * own
         idle = self.workers - len(remaining)
         first_free = 0.0 if idle > 0 else min(remaining)
@@ -287,6 +286,56 @@ class Batcher:
     def starved(self, now: int) -> bool:
         """Nothing admitted for ``probe_after_ns``: the next request goes in whatever the prediction says."""
         return self._last_admit_ns is not None and now - self._last_admit_ns > self.probe_after_ns
+
+    def idle(self) -> bool:
+        """Nothing queued, nothing else admitted and preprocessing, and a worker free (the caller's own admission
+        is the one reservation allowed)."""
+        return self._queued == 0 and self._reserved <= 1 and len(self._running) < self.workers
+
+    async def run_direct(self, prepare: Callable[[], Any]) -> tuple[BatchOutcome, float]:
+        """Preprocess (``prepare()``) and compute one request on a compute thread in one hand-over: the path of an
+        idle server, where there is nothing to batch with and every extra thread hop is latency. Replaces
+        ``submit`` for an admitted request (its reservation is released). Returns the outcome and the
+        preprocess time (s). A ProtocolError from ``prepare`` propagates; a model error is a ModelFailure."""
+        self.unreserve()
+        bid = next(self._batch_ids)
+        released = time.perf_counter_ns()
+        self._running[bid] = (released, self.predict(self._cheapest_bucket(), 1))
+
+        def job() -> tuple[Any, float, tuple[list[tuple[Tensor, ...]], float, float, int]]:
+            t0 = time.perf_counter()
+            item = prepare()
+            pre_s = time.perf_counter() - t0
+            return item, pre_s, self._compute([item])
+
+        try:
+            item, pre_s, (outs, fwd_s, post_s, t_start) = await asyncio.get_running_loop().run_in_executor(
+                self._executor, job
+            )
+        except ProtocolError:
+            raise
+        except Exception as exc:
+            raise ModelFailure(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            self._running.pop(bid, None)
+            self._wake.set()
+        bucket = int(self._bucket_of(item)) if self._bucket_of is not None else 0
+        self._model(bucket).observe(1, fwd_s + post_s)
+        if self._on_batch is not None:
+            self._on_batch(self.variant.name, 1, "direct")
+        outcome = BatchOutcome(
+            outputs=outs[0],
+            batch_size=1,
+            reason="direct",
+            queue_s=0.0,
+            batch_s=(t_start - released) / 1e9 - pre_s,
+            compute_s=fwd_s,
+            postprocess_s=post_s,
+        )
+        return outcome, pre_s
+
+    def _cheapest_bucket(self) -> int:
+        return min((b for b, m in self._models.items() if m.by_size), default=0)
 
     def unreserve(self) -> None:
         """Give back an admission that will not be submitted (its preprocess failed)."""

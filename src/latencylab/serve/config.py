@@ -24,6 +24,7 @@ Example (``serve.toml``)::
     long_input_threads = 2      # optional (text): a batch whose longest input has >= long_input_tokens tokens
     long_input_tokens = 96      #   runs on this many intra-op threads (the others on --threads)
     admission_slack = "boundary"  # what admission adds to its prediction: boundary | off (serve/slack.py)
+    direct_when_idle = false    # idle batcher: preprocess + compute on the compute thread, one hand-over
     cache_ttl_s = 60
     cache_entries = 10000
     [models.guard]              # optional overrides of GuardConfig
@@ -59,6 +60,7 @@ class ModelConfig:
     long_input_threads: int | None = None
     long_input_tokens: int = 96
     admission_slack: str = "boundary"  # "boundary" | "off" (serve/slack.py)
+    direct_when_idle: bool = False  # an idle batcher preprocesses + computes a request in one hand-over
     guard: dict[str, Any] = field(default_factory=dict)
     # "package.module:function": called as function(variant_names, max_batch_size, device) -> list of Variants,
     # for models that are not built in (e.g. an exported artifact wrapped in a Variant).

@@ -46,9 +46,14 @@ class Timing:
     preprocessed: int = 0
     outcome: BatchOutcome | None = None
     predicted: int = 0  # predicted finish of a request admitted near the boundary (else 0), for BoundarySlack
+    budget: int = 0  # the request's whole deadline (ns from its start), the most one error can count for
     level: int = -1  # the rung whose batcher served it (-1: not a batcher, e.g. the cache)
     end: int = 0
     stages: list[tuple[str, float]] = field(default_factory=list)
+
+
+class _Late(Exception):
+    """An admitted request's deadline passed before its answer (a 504)."""
 
 
 class ModelService:
@@ -213,39 +218,23 @@ class ModelService:
         self.in_flight += 1
         self.metrics.in_flight.labels(self.name).set(self.in_flight)
         try:
-            try:
-                item = await self._preprocess(batcher.variant, request)
-            except ProtocolError as exc:
-                batcher.unreserve()
-                raise ServiceError(exc.status, str(exc), kind="bad_input") from None
-            except BaseException:
-                batcher.unreserve()
-                raise
-            timing.preprocessed = time.perf_counter_ns()
-            fut = batcher.submit(item, deadline_ns)
-            remaining = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
-            try:
-                # the batcher answers (or fails fast) by the deadline; the margin only covers hand-over
-                outcome = await asyncio.wait_for(asyncio.shield(fut), remaining + 0.005)
-            except TimeoutError:
-                fut.cancel()
-                self._missed(boundary, deadline_ns, predicted if near else 0)
-                self._penalise(level, routed, deadline_ms)
-                raise ServiceError(504, f"deadline of {deadline_ms:g} ms exceeded", kind="deadline") from None
-            except DeadlineExceeded as exc:
-                self._missed(boundary, deadline_ns, predicted if near else 0)
-                self._penalise(level, routed, deadline_ms)
-                raise ServiceError(504, str(exc), kind="deadline") from None
-            except ModelFailure as exc:
-                self._penalise(level, routed, deadline_ms)
-                raise ServiceError(500, f"model error in {batcher.variant.name}: {exc}", kind="model") from None
-            except Shed as shed:
-                raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
+            if self.cfg.direct_when_idle and batcher.idle():
+                outcome = await self._direct(batcher, request, timing)
+            else:
+                outcome = await self._batched(batcher, request, timing, deadline_ns, float(deadline_ms))
+        except _Late as late:
+            self._missed(boundary, deadline_ns, predicted if near else 0, int(float(deadline_ms) * 1e6))
+            self._penalise(level, routed, deadline_ms)
+            raise ServiceError(504, str(late), kind="deadline") from None
+        except ModelFailure as exc:
+            self._penalise(level, routed, deadline_ms)
+            raise ServiceError(500, f"model error in {batcher.variant.name}: {exc}", kind="model") from None
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.labels(self.name).set(self.in_flight)
         timing.level = level
         timing.predicted = predicted if near else 0  # observed by the boundary slack at answer time
+        timing.budget = deadline_ns - (timing.start - timing.age_ns)
         timing.outcome = outcome
         variant = batcher.variant.name
         if self.caching:
@@ -256,6 +245,46 @@ class ModelService:
         self._served(level, timing, variant, routed)
         return InferResponse(self.name, variant, outcome.outputs, request.id, params), params
 
+    async def _direct(self, batcher: Batcher, request: InferRequest, timing: Timing) -> BatchOutcome:
+        """An idle batcher: preprocess and compute on its compute thread in one hand-over."""
+        variant = batcher.variant
+        self.preprocessing += 1
+        try:
+            outcome, pre_s = await batcher.run_direct(lambda: variant.preprocess(request))
+        except ProtocolError as exc:
+            raise ServiceError(exc.status, str(exc), kind="bad_input") from None
+        finally:
+            self.preprocessing -= 1
+        self._observe_preprocess(pre_s)
+        timing.preprocessed = timing.parsed + int(pre_s * 1e9)
+        return outcome
+
+    async def _batched(
+        self, batcher: Batcher, request: InferRequest, timing: Timing, deadline_ns: int, deadline_ms: float
+    ) -> BatchOutcome:
+        """Preprocess in the pool, then queue for a batch; raises _Late when the deadline passes."""
+        try:
+            item = await self._preprocess(batcher.variant, request)
+        except ProtocolError as exc:
+            batcher.unreserve()
+            raise ServiceError(exc.status, str(exc), kind="bad_input") from None
+        except BaseException:
+            batcher.unreserve()
+            raise
+        timing.preprocessed = time.perf_counter_ns()
+        fut = batcher.submit(item, deadline_ns)
+        remaining = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+        try:
+            # the batcher answers (or fails fast) by the deadline; the margin only covers hand-over
+            return await asyncio.wait_for(asyncio.shield(fut), remaining + 0.005)
+        except TimeoutError:
+            fut.cancel()
+            raise _Late(f"deadline of {deadline_ms:g} ms exceeded") from None
+        except DeadlineExceeded as exc:
+            raise _Late(str(exc)) from None
+        except Shed as shed:
+            raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
+
     def answered(self, timing: Timing, now_ns: int) -> None:
         """The response is encoded: a request admitted near the boundary reports its prediction error up to here.
 
@@ -263,7 +292,15 @@ class ModelService:
         latency the client sees, so it counts, not just the batch's end.
         """
         if timing.level >= 0 and timing.predicted:
-            self.boundary[timing.level].observe(now_ns, now_ns - timing.predicted)
+            # an error beyond the request's whole deadline is a stall, not prediction noise: one must not make
+            # the slack refuse every request for the length of the window
+            self.boundary[timing.level].observe(now_ns, min(now_ns - timing.predicted, timing.budget))
+
+    def _observe_preprocess(self, took: float) -> None:
+        if self.pre_s == 0.0:
+            self.pre_s = took
+        else:  # EWMA, one stall clipped to 4x the estimate (it must not make every admission look infeasible)
+            self.pre_s += 0.1 * (min(took, 4 * self.pre_s) - self.pre_s)
 
     async def _preprocess(self, variant: Variant, request: InferRequest) -> Any:
         """Preprocess in the pool, keeping the count and the per-call EWMA that admission uses."""
@@ -277,10 +314,7 @@ class ModelService:
                 )
         finally:
             self.preprocessing -= 1
-        if self.pre_s == 0.0:
-            self.pre_s = took
-        else:  # EWMA, one stall clipped to 4x the estimate (it must not make every admission look infeasible)
-            self.pre_s += 0.1 * (min(took, 4 * self.pre_s) - self.pre_s)
+        self._observe_preprocess(took)
         return item
 
     def _shadow(self, request: InferRequest, level: int, deadline_ms: float) -> None:
@@ -312,11 +346,11 @@ class ModelService:
         self.guard.observe(level, latency, probe=True)
 
     @staticmethod
-    def _missed(boundary: BoundarySlack, deadline_ns: int, predicted: int) -> None:
+    def _missed(boundary: BoundarySlack, deadline_ns: int, predicted: int, budget_ns: int) -> None:
         """A request that missed its deadline would have finished after it (failed fast at release: later)."""
         if predicted:
             now = time.perf_counter_ns()
-            boundary.observe(now, max(now, deadline_ns) - predicted)
+            boundary.observe(now, min(max(now, deadline_ns) - predicted, budget_ns))
 
     def _penalise(self, level: int, routed: bool, deadline_ms: float) -> None:
         """A failed or timed-out request counts for the guard as a response at its deadline."""
