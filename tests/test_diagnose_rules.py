@@ -113,6 +113,29 @@ def test_preprocess_clean_run_has_no_finding() -> None:
 # ------------------------------------------------------------------ 2. latency jumps, stalls, recompilation
 
 
+def test_two_recompilations_inside_one_excursion_are_two_findings() -> None:
+    """Shape 32 is 2.5x slower than shape 16, so the latency stays up from the first recompilation (250) past the
+    second (350): one long excursion holding two compile events, each reported on its own."""
+    n = 600
+    fwd = _noise(n, 2e5)
+    fwd[250:400] *= 2.5
+    fwd[250] += 90e6
+    fwd[350] += 90e6
+    shape = [[1, 16, 32]] * 250 + [[1, 32, 32]] * 100 + [[1, 48, 32]] * 50 + [[1, 16, 32]] * 200
+    compiles = [0] * n
+    compiles[250] = compiles[350] = 1
+    r = _profile({"forward": ("forward", fwd)}, meta={"shape": shape, "compiles": compiles})
+    rec = [f for f in spikes.rule([r]) if f.rule == "recompilation"]
+    assert [f.title.split(":")[0] for f in rec] == [
+        "recompiled at iteration 250 (shape (1, 32, 32))",
+        "recompiled at iteration 350 (shape (1, 48, 32))",
+    ]
+    assert [f.details["compile_iterations"] for f in rec] == [[250], [350]]
+    assert rec[0].details["spike"] == rec[1].details["spike"]  # one excursion, two causes
+    labels = {e.label: e.value for e in rec[1].evidence}
+    assert labels["shape before"] == "(1, 32, 32)"
+
+
 def test_level_shift_found_with_its_range() -> None:
     x = _noise(1000, 1e6)
     x[400:500] *= 2.2

@@ -95,23 +95,26 @@ def _profile_findings(r: LoadedResult, prof: ProfileResult) -> list[Finding]:
         ]
         if cause:
             explained.update(ev[0] for ev in cause)
-            first = cause[0]
-            prev = shapes[first[0] - 1] if shapes is not None and first[0] > 0 else None
-            where = ", ".join(f"iteration {ev[0]} (shape {shape_text(ev[2])})" for ev in cause)
-            ev_list = [*common, *(_event_evidence(ev, prof) for ev in cause)]
-            if prev is not None:
-                ev_list.append(Evidence("shape before", shape_text(prev)))
-            out.append(
-                Finding(
-                    rule="recompilation",
-                    severity="critical",
-                    title=f"recompiled at {where}: latency x{sp.ratio:.0f} at {t0:.2f} s into the run",
-                    evidence=tuple(ev_list),
-                    recommendation=RECOMPILE_ADVICE,
-                    source=r.source,
-                    details={"spike": _spike_dict(sp), "compile_iterations": [ev[0] for ev in cause]},
+            # One finding per compile event: each recompilation is its own cause, even when the detector saw one
+            # long excursion holding several (a slower shape between them keeps the latency up).
+            for ev in cause:
+                prev = shapes[ev[0] - 1] if shapes is not None and ev[0] > 0 else None
+                ev_list = [*common, _event_evidence(ev, prof)]
+                if prev is not None:
+                    ev_list.append(Evidence("shape before", shape_text(prev)))
+                et0, _ = time_range_s(prof, ev[0], ev[0] + 1)
+                out.append(
+                    Finding(
+                        rule="recompilation",
+                        severity="critical",
+                        title=f"recompiled at iteration {ev[0]} (shape {shape_text(ev[2])}): latency x{sp.ratio:.0f}"
+                        f" at {et0:.2f} s into the run",
+                        evidence=tuple(ev_list),
+                        recommendation=RECOMPILE_ADVICE,
+                        source=r.source,
+                        details={"spike": _spike_dict(sp), "compile_iterations": [ev[0]]},
+                    )
                 )
-            )
         elif sp.kind == "level-shift":
             ev_list = list(common)
             why = ""
