@@ -398,16 +398,22 @@ def test_bucketed_latency_model_is_per_bucket() -> None:
     assert b.predict(256, 1) == pytest.approx(2 * b.predict(128, 1))  # never measured: scaled from 128
 
 
+def _started_bucket_batcher() -> tuple[BucketVariant, Batcher]:
+    """A warmed, started batcher over BucketVariant (in a running loop), its warm-up batches forgotten."""
+    v = BucketVariant()
+    b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100)
+    b.warmup([1, 2, 4])
+    v.batches.clear()
+    b.start()
+    return v, b
+
+
 def test_short_requests_do_not_wait_behind_long_ones() -> None:
     """The worker is busy; then one long request and three short ones queue, the long one first. The short
     batch (4 ms) runs first: the long one (25 ms) has laxity to spare."""
 
     async def go() -> list[list[Any]]:
-        v = BucketVariant()
-        b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100)
-        b.warmup([1, 2, 4])
-        v.batches.clear()
-        b.start()
+        v, b = _started_bucket_batcher()
         now = time.perf_counter_ns()
         busy = b.submit(("busy", 100), now + ms(5000))  # ~26 ms on the worker
         await asyncio.sleep(0.003)
@@ -427,11 +433,7 @@ def test_a_long_request_about_to_miss_goes_first() -> None:
     first (it can still make it), and the short ones after."""
 
     async def go() -> tuple[list[list[Any]], list[Any]]:
-        v = BucketVariant()
-        b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100)
-        b.warmup([1, 2, 4])
-        v.batches.clear()
-        b.start()
+        v, b = _started_bucket_batcher()
         now = time.perf_counter_ns()
         busy = b.submit(("busy", 100), now + ms(5000))
         await asyncio.sleep(0.003)

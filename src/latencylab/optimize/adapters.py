@@ -45,25 +45,13 @@ class TextAdapter:
     def export_onnx(self, path: Path, opset: int = 17) -> Path:
         import torch
 
+        from latencylab.workloads.text import export_embedding_onnx
+
         model = self.torch_model()
         feed = self.heldout()[0]
         args = tuple(torch.from_numpy(feed[n]) for n in self.input_names)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with torch.inference_mode():
-            torch.onnx.export(
-                model,
-                args,
-                str(path),
-                input_names=list(self.input_names),
-                output_names=["embedding"],
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "seq"},
-                    "attention_mask": {0: "batch", 1: "seq"},
-                    "embedding": {0: "batch"},
-                },
-                opset_version=opset,
-                dynamo=False,
-            )
+        export_embedding_onnx(model, args, str(path), opset)
         return path
 
     def _feeds(self, texts: list[str]) -> list[Feed]:

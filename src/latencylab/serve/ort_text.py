@@ -132,7 +132,7 @@ def export_text_onnx(tokenizer: Any, encoder: Any, path: Path) -> Path:
     """
     import torch
 
-    from latencylab.workloads.text import embedding_module
+    from latencylab.workloads.text import embedding_module, export_embedding_onnx
 
     enc = tokenizer(["a short one", "a somewhat longer example sentence for the export"], padding=True)
     args = tuple(torch.tensor(enc[n], dtype=torch.int64) for n in ("input_ids", "attention_mask"))
@@ -140,21 +140,7 @@ def export_text_onnx(tokenizer: Any, encoder: Any, path: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=path.parent)
     os.close(fd)
     try:
-        with torch.inference_mode():
-            torch.onnx.export(
-                embedding_module(encoder),
-                args,
-                tmp,
-                input_names=["input_ids", "attention_mask"],
-                output_names=["embedding"],
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "seq"},
-                    "attention_mask": {0: "batch", 1: "seq"},
-                    "embedding": {0: "batch"},
-                },
-                opset_version=OPSET,
-                dynamo=False,
-            )
+        export_embedding_onnx(embedding_module(encoder), args, tmp, OPSET)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -83,6 +83,28 @@ def embedding_module(encoder: Any) -> Any:
     return Embedder().eval()
 
 
+def export_embedding_onnx(model: Any, args: tuple[Any, ...], path: str, opset: int) -> None:
+    """Trace an (input_ids, attention_mask) -> embedding module to ONNX with dynamic batch and sequence axes
+    (one export for optimize's ONNX Runtime candidates and serve's ``fp32-onnx`` rung)."""
+    import torch
+
+    with torch.inference_mode():
+        torch.onnx.export(
+            model,
+            args,
+            path,
+            input_names=["input_ids", "attention_mask"],
+            output_names=["embedding"],
+            dynamic_axes={
+                "input_ids": {0: "batch", 1: "seq"},
+                "attention_mask": {0: "batch", 1: "seq"},
+                "embedding": {0: "batch"},
+            },
+            opset_version=opset,
+            dynamo=False,
+        )
+
+
 def _int_param(opts: WorkloadOptions, key: str, default: int, lo: int, hi: int) -> int:
     raw = opts.params.get(key)
     if raw is None:
