@@ -41,14 +41,17 @@ of the best peer while keeping P99 latency <= the SLO (100 ms by default).
   process session is charged its CPU. Each server's search holds /tmp/latencylab-bench.lock (other
   benchmarks wait); every step starts on an idle CPU, and a step during which other processes used more
   than 0.1 cores is run again (other sessions share the machine). ``--rounds N`` repeats the searches,
-  rotating the server order each round (interleaved).
+  rotating the server order each round (interleaved). ``--grid R1,... --pooled K``: every server is up at
+  once and runs each rate K times, interleaved (round k's order rotated by k, its seed the same for every
+  server), and is judged on the pool of its K steps (latencylab.load.pooled): one 12-s step's p99 is its
+  ~4th-slowest request, too few for a verdict on a noisy machine.
 * Where time goes, per step: latencylab's /metrics (stage means, batch sizes, release reasons); the peers'
   Embedder counters (calls, rows per call, forward ms, padding, concurrent forwards), and every server's
   CPU use in cores.
 
     bash benchmarks/peers/mlserver_text_setup.sh; bash benchmarks/peers/rayserve_setup.sh    # once
     .venv/bin/python benchmarks/serve_vs_peers.py [--quick] [--step-duration 12] [--slo-ms 100]
-        [--only latencylab,naive,mlserver,rayserve] [--rounds 1] [--json out.json]
+        [--only latencylab,naive,mlserver,rayserve] [--rounds 1 | --grid 24,32,40 --pooled 4] [--json out.json]
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ from latencylab.load.arrivals import Poisson
 from latencylab.load.capacity import Capacity, find_capacity, grid_capacity, step_seed
 from latencylab.load.generator import AbortFn, LoadConfig, Payload
 from latencylab.load.payloads import infer_path, text_payloads
+from latencylab.load.pooled import PooledStep, pooled_grid
 from latencylab.load.reconcile import parse_prometheus
 from latencylab.load.results import LoadResult, Slo
 from latencylab.load.runner import load_test
@@ -560,10 +564,10 @@ def fidelity(srv: Running, payloads: list[Payload], ref: dict[int, Any]) -> floa
     return worst
 
 
-def search(
-    srv: Running, args: argparse.Namespace, payloads: list[Payload], env: dict[str, Any], ref: dict[int, Any]
-) -> dict[str, Any]:
-    slo = Slo(0.99, args.slo_ms * 1e6)
+def prepare(srv: Running, args: argparse.Namespace, payloads: list[Payload], env: dict[str, Any],
+            ref: dict[int, Any]) -> tuple[float | None, float]:  # fmt: skip
+    """Check the server answers like latencylab's workload, warm it up, and time an idle request:
+    (lowest cosine, idle single-request ms)."""
     probe = payloads[0].body
     cosine = fidelity(srv, payloads, ref)
     print(f"  same artifact: lowest cosine vs latencylab's text workload {fmt(cosine, '.6f')} over {len(ref)} texts")
@@ -576,61 +580,73 @@ def search(
         raise RuntimeError(f"{srv.name}: probe requests fail; log:\n{srv.log_tail()}")
     idle_ms = idle[len(idle) // 2]
     print(f"  idle single-request latency {idle_ms:.1f} ms (median of 15 sequential)", flush=True)
-    extras: list[dict[str, Any]] = []
+    return cosine, idle_ms
+
+
+def measured_step(
+    srv: Running, args: argparse.Namespace, payloads: list[Payload], env: dict[str, Any], idle_ms: float,
+    rate: float, seed: int, abort_when: AbortFn | None,
+) -> tuple[LoadResult, dict[str, Any]]:  # fmt: skip
+    """One step at ``rate`` with ``seed`` after the server has settled, and where its time went.
+
+    Other sessions share this machine: a step during which processes other than the server and this
+    generator used more than --max-foreign cores is run again (up to --retries times), and flagged if it
+    never ran clean."""
+    slo = Slo(0.99, args.slo_ms * 1e6)
+    probe = payloads[0].body
     sid = srv.process.pid
+    for attempt in range(1 + args.retries):
+        waited = settle(srv, probe, idle_ms)
+        quiet = wait_idle(max_wait_s=30)
+        if srv.process.poll() is not None:
+            raise RuntimeError(f"{srv.name} died; log:\n{srv.log_tail()}")
+        before, cpu0, t0 = srv.stats(), session_cpu_s(sid), time.monotonic()
+        busy0, self0 = machine_busy_s(), own_cpu_s()
+        cfg = LoadConfig(
+            duration_s=args.step_duration,
+            # ... but never longer than 3 step durations (a step at a very low rate would last minutes)
+            min_requests=min(args.min_requests, int(rate * args.step_duration * 3)),
+            timeout_s=args.request_timeout,
+            connections=16,
+        )
+        result, _ = load_test(
+            srv.url, srv.path, payloads, Poisson(rate, seed=seed), cfg, slo=slo, seed=seed, abort_when=abort_when,
+            env=env, target_info={"server": srv.name},
+        )  # fmt: skip
+        wall, cpu1, after = time.monotonic() - t0, session_cpu_s(sid), srv.stats()
+        foreign = (machine_busy_s() - busy0 - (own_cpu_s() - self0) - (cpu1 - cpu0)) / wall
+        x = {
+            "settle_s": round(waited, 2),
+            "foreign_cpu_cores": foreign,
+            "attempts": attempt + 1,
+            "lateness_p99_ms": result.summary.get("lateness_p99_ms"),
+            **derive(srv.name, diff_stats(before, after), result, wall, cpu1 - cpu0),
+        }
+        late = any("generator fell behind" in r for r in result.summary.get("invalid_reasons", []))
+        if foreign <= args.max_foreign and not late:
+            break
+        x["noisy"] = True
+        what = f"other processes used {foreign:.2f} cores during the step (before: {quiet})"
+        if late:
+            # A frozen vCPU delays one send by a few ms, and at a few requests per second one late send
+            # is already more than the generator's 1% limit: the step says nothing about the server.
+            what = f"{result.summary['late_fraction']:.1%} of sends late (other cores {foreign:.2f})"
+        print(
+            f"  {rate:7.1f}/s  {what}; {'running it again' if attempt < args.retries else 'keeping it, flagged'}",
+            flush=True,
+        )
+    return result, x
+
+
+def search(
+    srv: Running, args: argparse.Namespace, payloads: list[Payload], env: dict[str, Any], ref: dict[int, Any]
+) -> dict[str, Any]:
+    slo = Slo(0.99, args.slo_ms * 1e6)
+    cosine, idle_ms = prepare(srv, args, payloads, env, ref)
+    extras: list[dict[str, Any]] = []
 
     def run_step(rate: float, abort_when: AbortFn) -> LoadResult:
-        # Other sessions share this machine: a step during which processes other than the server and this
-        # generator used more than --max-foreign cores is run again (up to --retries times), and flagged if
-        # it never ran clean.
-        for attempt in range(1 + args.retries):
-            waited = settle(srv, probe, idle_ms)
-            quiet = wait_idle(max_wait_s=30)
-            if srv.process.poll() is not None:
-                raise RuntimeError(f"{srv.name} died; log:\n{srv.log_tail()}")
-            before, cpu0, t0 = srv.stats(), session_cpu_s(sid), time.monotonic()
-            busy0, self0 = machine_busy_s(), own_cpu_s()
-            cfg = LoadConfig(
-                duration_s=args.step_duration,
-                # ... but never longer than 3 step durations (a step at a very low rate would last minutes)
-                min_requests=min(args.min_requests, int(rate * args.step_duration * 3)),
-                timeout_s=args.request_timeout,
-                connections=16,
-            )
-            result, _ = load_test(
-                srv.url,
-                srv.path,
-                payloads,
-                Poisson(rate, seed=step_seed(args.seed, rate)),
-                cfg,
-                slo=slo,
-                seed=step_seed(args.seed, rate),
-                abort_when=abort_when,
-                env=env,
-                target_info={"server": srv.name},
-            )
-            wall, cpu1, after = time.monotonic() - t0, session_cpu_s(sid), srv.stats()
-            foreign = (machine_busy_s() - busy0 - (own_cpu_s() - self0) - (cpu1 - cpu0)) / wall
-            x = {
-                "settle_s": round(waited, 2),
-                "foreign_cpu_cores": foreign,
-                "attempts": attempt + 1,
-                "lateness_p99_ms": result.summary.get("lateness_p99_ms"),
-                **derive(srv.name, diff_stats(before, after), result, wall, cpu1 - cpu0),
-            }
-            late = any("generator fell behind" in r for r in result.summary.get("invalid_reasons", []))
-            if foreign <= args.max_foreign and not late:
-                break
-            x["noisy"] = True
-            what = f"other processes used {foreign:.2f} cores during the step (before: {quiet})"
-            if late:
-                # A frozen vCPU delays one send by a few ms, and at a few requests per second one late send
-                # is already more than the generator's 1% limit: the step says nothing about the server.
-                what = f"{result.summary['late_fraction']:.1%} of sends late (other cores {foreign:.2f})"
-            print(
-                f"  {rate:7.1f}/s  {what}; {'running it again' if attempt < args.retries else 'keeping it, flagged'}",
-                flush=True,
-            )
+        result, x = measured_step(srv, args, payloads, env, idle_ms, rate, step_seed(args.seed, rate), abort_when)
         extras.append(x)
         return result
 
@@ -671,6 +687,86 @@ def search(
         "at_capacity": at_cap,
         "steps": steps,
     }
+
+
+def pooled_run(
+    order: list[str], args: argparse.Namespace, payloads: list[Payload], env: dict[str, Any], ref: dict[int, Any],
+    skipped: dict[str, str],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """``--pooled K``: every server up at once, each grid rate run K times per server, interleaved, and judged on
+    the pool of its K steps (latencylab.load.pooled). Round k's seed is the same for every server."""
+    slo = Slo(0.99, args.slo_ms * 1e6)
+    servers: dict[str, Running] = {}
+    prepared: dict[str, tuple[float | None, float]] = {}
+    extras: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    with bench_lock(args.lock) as waited:
+        print(f"\n== pooled: {args.pooled} interleaved rounds per rate (waited {waited:.0f} s for the lock)")
+        try:
+            for name in order:
+                try:
+                    srv = start_server(name, args)
+                except RuntimeError as exc:
+                    skipped[name] = f"failed to start: {str(exc).splitlines()[0]}"
+                    print(f"{name}: {exc}", flush=True)
+                    continue
+                servers[name] = srv
+                print(f"  {name} started in {srv.startup_s:.1f} s at {srv.url}{srv.path} {'; '.join(srv.notes)}")
+            for name, srv in servers.items():
+                print(f"  {name}:", flush=True)
+                prepared[name] = prepare(srv, args, payloads, env, ref)
+
+            def run_step(name: str, rate: float, k: int) -> LoadResult:
+                seed = step_seed(args.seed + 7919 * k, rate)
+                result, x = measured_step(servers[name], args, payloads, env, prepared[name][1], rate, seed, None)
+                extras.setdefault((name, rate), []).append(x)
+                sm = result.summary
+                print(
+                    f"  {rate:7.1f}/s round {k + 1} {name:<10} ok {sm['ok']}/{sm['sent']}  p50 {fmt(sm.get('p50_ms'))} "
+                    f"p99 {fmt(sm.get('p99_ms'))} ms  cpu {fmt(x.get('server_cpu_cores'), '.2f')} "
+                    f"(+{x['foreign_cpu_cores']:.2f} other)" + ("  [NOISY]" if x.get("noisy") else ""),
+                    flush=True,
+                )
+                return result
+
+            def on_step(p: PooledStep) -> None:
+                ci = f"[{p.q_ci_ms[0]:.1f}, {p.q_ci_ms[1]:.1f}]" if p.q_ci_ms else "-"
+                rounds = " ".join(fmt(q) for q in p.round_q_ms)
+                print(
+                    f"  {p.offered_rate:7.1f}/s {p.server:<10} POOLED n={p.sent}: p99 {fmt(p.q_ms)} ms 95% CI {ci} "
+                    f"(rounds: {rounds})  {'PASS' if p.passed else 'fail'}: {p.why}",
+                    flush=True,
+                )
+
+            out = pooled_grid(run_step, list(servers), slo, args.grid, args.pooled, on_step=on_step)
+        finally:
+            for srv in servers.values():
+                srv.stop()
+    results = []
+    for name, (cap, steps) in out.items():
+        curve = []
+        for p in steps:
+            xs = extras.get((name, p.offered_rate), [])
+            cores = [x["server_cpu_cores"] for x in xs if x.get("server_cpu_cores") is not None]
+            curve.append(
+                {
+                    **p.to_dict(),
+                    "p99_ms": p.q_ms,
+                    "throughput_ok": p.goodput,
+                    "server_cpu_cores": sum(cores) / len(cores) if cores else None,
+                    "noisy_rounds": sum(1 for x in xs if x.get("noisy")),
+                    "rounds_detail": xs,
+                }
+            )
+        at_cap = next((c for c in curve if c["passed"] and c["offered_rate"] == cap.capacity_rate), None)
+        cosine, idle_ms = prepared[name]
+        results.append(
+            {
+                "round": 1, "server": name, "capacity": cap.capacity_rate, "goodput": cap.goodput, "reason": cap.reason,
+                "idle_ms": idle_ms, "min_cosine": cosine, "startup_s": servers[name].startup_s,
+                "notes": servers[name].notes, "at_capacity": at_cap, "steps": curve, "pooled_rounds": args.pooled,
+            }
+        )  # fmt: skip
+    return results
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -819,6 +915,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated rates every server runs, lowest first (capacity: the highest below the first "
         "failure) instead of each server bisecting its own path of rates",
     )
+    ap.add_argument(
+        "--pooled",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --grid: all servers up at once, every rate run K times per server, interleaved (round k's "
+        "order rotated by k, its seed the same for every server), each server judged on the pool of its K steps",
+    )
     ap.add_argument("--warmup-s", type=float, default=4.0)
     ap.add_argument("--request-timeout", type=float, default=10.0, help="client timeout per request, s")
     ap.add_argument("--startup-timeout", type=float, default=300.0)
@@ -864,6 +968,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         ap.error(f"unknown server(s) {bad}; choose from {', '.join(SERVERS)}")
     args.servers = names
+    if args.pooled and not args.grid:
+        ap.error("--pooled needs --grid (the rates every server runs)")
+    if args.pooled < 0:
+        ap.error("--pooled must be >= 1 rounds")
     return args
 
 
@@ -899,7 +1007,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load generator priority: {raise_generator_priority(args.generator_priority)}")
     order = [n for n in args.servers if n not in skipped]
     results: list[dict[str, Any]] = []
-    for rnd in range(args.rounds):
+    if args.pooled:
+        results = pooled_run(order, args, payloads, env, ref, skipped)
+    for rnd in range(0 if args.pooled else args.rounds):
         k = rnd % max(1, len(order))
         for name in order[k:] + order[:k]:
             with bench_lock(args.lock) as waited:

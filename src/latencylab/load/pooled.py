@@ -1,0 +1,186 @@
+"""Pooled, interleaved capacity: several servers, the same rates, several rounds each, judged on the pool.
+
+One step of 12 s at 30 req/s holds ~360 requests, so its p99 is about its 4th-slowest request: on a
+noisy machine the same server at the same rate passes at 82 ms in one step and fails at 105 ms in the
+next, and a capacity found from single steps says more about the sample than about the server. Here
+every server runs every rate ``rounds`` times, interleaved (round k runs the servers in an order rotated
+by k, so drift of the machine falls on all of them alike), each round with its own seed, the same for
+every server. A server's verdict at a rate is taken on the pool of its rounds: the ``slo.q`` quantile of
+all its successful requests (their histograms merged losslessly) and the fraction of all its requests
+that were shed or failed. Its capacity is the highest rate below its first pooled failure; a server is
+not run above that failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from latencylab import stats
+from latencylab.histogram import LatencyHistogram
+from latencylab.load.capacity import Capacity
+from latencylab.load.results import LoadResult, Slo
+
+# (server, rate, round) -> the step's result; round k must use a seed that depends on (rate, k) only
+PooledStepFn = Callable[[str, float, int], LoadResult]
+
+
+@dataclass(frozen=True, slots=True)
+class PooledStep:
+    """One server at one rate, over all its rounds."""
+
+    server: str
+    offered_rate: float
+    rounds: int
+    sent: int
+    ok: int
+    failed: int  # shed + error
+    invalid: int  # rounds whose run was invalid (e.g. the generator fell behind): left out of the pool
+    q_ms: float | None  # pooled slo.q latency of the successful requests (from the intended send)
+    p50_ms: float | None  # pooled median of the same
+    q_ci_ms: tuple[float, float] | None  # distribution-free 95% interval of that quantile
+    round_q_ms: tuple[float | None, ...]  # each round's own quantile, to show the spread pooling removes
+    goodput: float | None  # mean over rounds of ok-within-SLO per second
+    passed: bool
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "offered_rate": self.offered_rate,
+            "rounds": self.rounds,
+            "sent": self.sent,
+            "ok": self.ok,
+            "failed": self.failed,
+            "invalid": self.invalid,
+            "q_ms": self.q_ms,
+            "p50_ms": self.p50_ms,
+            "q_ci_ms": None if self.q_ci_ms is None else list(self.q_ci_ms),
+            "round_q_ms": list(self.round_q_ms),
+            "goodput": self.goodput,
+            "passed": self.passed,
+            "why": self.why,
+        }
+
+
+def _quantile_ci(h: LatencyHistogram, q: float, confidence: float = 0.95) -> tuple[float, float]:
+    """The order-statistic interval (stats.order_stat_ci) read off a histogram: ranks -> quantiles."""
+    from scipy.stats import binom
+
+    n = h.count
+    alpha = 1.0 - confidence
+    lo = max(int(binom.ppf(alpha / 2, n, q)), 1)
+    hi = min(int(binom.ppf(1 - alpha / 2, n, q)) + 1, n)
+    return h.quantile(min(1.0, (lo - 0.5) / n)), h.quantile(min(1.0, (hi - 0.5) / n))
+
+
+def pool(
+    server: str, rate: float, results: Sequence[LoadResult], slo: Slo, max_error_fraction: float = 0.01
+) -> PooledStep:
+    """The pooled verdict of ``results`` (one server, one rate, one result per round)."""
+    if not results:
+        raise ValueError("pool() needs at least one result")
+    valid = [r for r in results if r.summary.get("valid", False)]
+    sent = sum(int(r.summary.get("sent", 0)) for r in valid)
+    ok = sum(int(r.summary.get("ok", 0)) for r in valid)
+    failed = sum(int(r.summary.get("shed", 0)) + int(r.summary.get("error", 0)) for r in valid)
+    hists = [r.histogram("corrected_ok") for r in valid if "corrected_ok" in r.histograms]
+    key = stats.format_q(slo.q).replace(".", "_") + "_ms"
+    round_q = tuple(r.summary.get(key) for r in results)
+    goodputs = [float(r.summary["goodput"]) for r in valid if r.summary.get("goodput") is not None]
+    goodput = sum(goodputs) / len(goodputs) if goodputs else None
+    merged = LatencyHistogram.merged(hists) if hists else None
+    q_ms = p50_ms = ci = None
+    if merged is not None and merged.count:
+        q_ms = merged.quantile(slo.q) / 1e6
+        p50_ms = merged.quantile(0.5) / 1e6
+        lo, hi = _quantile_ci(merged, slo.q)
+        ci = (lo / 1e6, hi / 1e6)
+    name = stats.format_q(slo.q)
+    if not valid:
+        passed, why = False, f"all {len(results)} rounds invalid"
+    elif sent and failed / sent > max_error_fraction:
+        passed, why = False, f"{failed / sent:.1%} shed or failed (limit {max_error_fraction:.0%})"
+    elif q_ms is None:
+        passed, why = False, "no successful request"
+    elif q_ms * 1e6 > slo.threshold_ns:
+        passed, why = False, f"pooled {name} {q_ms:.1f} ms > {slo.threshold_ns / 1e6:g} ms"
+    else:
+        passed, why = True, f"pooled {name} {q_ms:.1f} ms"
+    return PooledStep(
+        server,
+        rate,
+        len(results),
+        sent,
+        ok,
+        failed,
+        len(results) - len(valid),
+        q_ms,
+        p50_ms,
+        ci,
+        round_q,
+        goodput,
+        passed,
+        why,
+    )
+
+
+def rotation(servers: Sequence[str], k: int) -> list[str]:
+    """Round ``k``'s order: rotated by k, so each server takes each place in turn."""
+    n = len(servers)
+    return [servers[(i + k) % n] for i in range(n)] if n else []
+
+
+def pooled_grid(
+    run_step: PooledStepFn,
+    servers: Sequence[str],
+    slo: Slo,
+    rates: Sequence[float],
+    rounds: int,
+    max_error_fraction: float = 0.01,
+    on_step: Callable[[PooledStep], None] | None = None,
+) -> dict[str, tuple[Capacity, tuple[PooledStep, ...]]]:
+    """Each server's capacity on the pooled verdicts of an interleaved grid (module docstring).
+
+    Returns, per server, its :class:`Capacity` (steps as dicts) and its pooled steps.
+    """
+    grid = sorted({float(r) for r in rates})
+    if not grid or grid[0] <= 0:
+        raise ValueError("the grid needs positive rates")
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    if len(set(servers)) != len(servers) or not servers:
+        raise ValueError("servers must be distinct names, at least one")
+    steps: dict[str, list[PooledStep]] = {s: [] for s in servers}
+    alive = list(servers)
+    for rate in grid:
+        if not alive:
+            break
+        results: dict[str, list[LoadResult]] = {s: [] for s in alive}
+        for k in range(rounds):
+            for s in rotation(alive, k):
+                results[s].append(run_step(s, rate, k))
+        for s in list(alive):
+            step = pool(s, rate, results[s], slo, max_error_fraction)
+            steps[s].append(step)
+            if on_step is not None:
+                on_step(step)
+            if not step.passed:
+                alive.remove(s)
+    out: dict[str, tuple[Capacity, tuple[PooledStep, ...]]] = {}
+    for s in servers:
+        ss = steps[s]
+        first_fail = next((p for p in ss if not p.passed), None)
+        passing = [p for p in ss if p.passed]
+        cap = passing[-1].offered_rate if passing else None
+        goodput = passing[-1].goodput if passing else None
+        if first_fail is None:
+            reason = f"passes every rate of the grid (pooled over {rounds} rounds), up to {grid[-1]:g}/s"
+        elif cap is None:
+            reason = f"fails at the lowest rate of the grid, {grid[0]:g}/s: {first_fail.why}"
+        else:
+            reason = f"passes up to {cap:g}/s, first fails at {first_fail.offered_rate:g}/s: {first_fail.why}"
+        curve = tuple(p.to_dict() for p in ss)
+        out[s] = (Capacity(slo.describe(), cap, goodput, curve, reason), tuple(ss))
+    return out
