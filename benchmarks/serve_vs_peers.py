@@ -904,6 +904,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the peers' runtime: torch (eager) or onnx (ONNX Runtime on the same FP32 export latencylab's "
         "fp32-onnx variant serves); latencylab serves fp32 or fp32-onnx to match unless --latencylab-variant",
     )
+    ap.add_argument(
+        "--peers-fused",
+        action="store_true",
+        help="with --runtime onnx: the peers load the export after ORT's transformer fusion, the very graph "
+        "latencylab's fp32-onnx serves (default: the plain export, which fp32-onnx fuses at load)",
+    )
     ap.add_argument("--latencylab-variant", help="latencylab's one-rung ladder (default: fp32, or fp32-onnx)")
     ap.add_argument("--latencylab-workers", type=int, help="latencylab: batches computed at once (default 1)")
     ap.add_argument("--latencylab-threads", type=int, help="latencylab: torch threads (default: --threads)")
@@ -986,6 +992,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.runtime == "onnx" or args.latencylab_variant == "fp32-onnx":
         with bench_lock(args.lock):
             args.onnx_path = str(onnx_export())
+            if args.peers_fused:  # the graph latencylab's fp32-onnx makes at load, as the peers' file too
+                from latencylab.serve.ort_text import _packaged_shape, fused_onnx
+
+                args.onnx_path = str(fused_onnx(Path(args.onnx_path), *_packaged_shape()))
         print(f"ONNX export of the FP32 model (every server runs this file with --runtime onnx): {args.onnx_path}")
     print(
         f"{len(payloads)} payloads (one corpus text each); SLO p99<={args.slo_ms:g} ms; "

@@ -274,16 +274,32 @@ class ModelService:
         timing.preprocessed = time.perf_counter_ns()
         fut = batcher.submit(item, deadline_ns)
         remaining = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+        # The batcher answers (or fails fast) by the deadline; this timer only covers a batcher that cannot.
+        # One timer and a plain await, not wait_for(shield(fut)): each of those layers adds a pass through the
+        # event loop between the batch's end and this handler, and under load every pass waits behind all
+        # other ready callbacks. A handler cancelled by its client cancels its queued item (the batcher skips
+        # done items).
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            if not fut.done():
+                expired = True
+                fut.cancel()
+
+        timer = asyncio.get_running_loop().call_later(remaining + 0.005, expire)
         try:
-            # the batcher answers (or fails fast) by the deadline; the margin only covers hand-over
-            return await asyncio.wait_for(asyncio.shield(fut), remaining + 0.005)
-        except TimeoutError:
-            fut.cancel()
-            raise _Late(f"deadline of {deadline_ms:g} ms exceeded") from None
+            return await fut
+        except asyncio.CancelledError:
+            if expired:
+                raise _Late(f"deadline of {deadline_ms:g} ms exceeded") from None
+            raise
         except DeadlineExceeded as exc:
             raise _Late(str(exc)) from None
         except Shed as shed:
             raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
+        finally:
+            timer.cancel()
 
     def answered(self, timing: Timing, now_ns: int) -> None:
         """The response is encoded: a request admitted near the boundary reports its prediction error up to here.
