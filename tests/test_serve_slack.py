@@ -89,4 +89,3 @@ def test_a_late_tail_tightens_admission_until_it_fits() -> None:
         assert c.post(url, json={**BODY, "parameters": {"deadline_ms": 200}}).status_code == 200
         shown = [line for line in c.get("/metrics").text.splitlines() if line.startswith(gauge)]
         assert shown and float(shown[0].split()[-1]) * 1e9 == pytest.approx(svc.boundary[0].slack_ns, abs=MS)
-
