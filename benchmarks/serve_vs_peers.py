@@ -470,6 +470,18 @@ def start_server(name: str, args: argparse.Namespace) -> Running:
 # ---------------------------------------------------------------------------------------------- measuring
 
 
+def try_start(name: str, args: argparse.Namespace, skipped: dict[str, str]) -> Running | None:
+    """Start ``name``'s server; on failure record why in ``skipped`` and return None."""
+    try:
+        srv = start_server(name, args)
+    except RuntimeError as exc:
+        skipped[name] = f"failed to start: {str(exc).splitlines()[0]}"
+        print(f"{name}: {exc}", flush=True)
+        return None
+    print(f"  {name} started in {srv.startup_s:.1f} s at {srv.url}{srv.path} {'; '.join(srv.notes)}", flush=True)
+    return srv
+
+
 def probe_ms(srv: Running, body: bytes) -> float | None:
     t0 = time.perf_counter()
     status, _ = http(srv.url + srv.path, body, timeout_s=30)
@@ -703,14 +715,9 @@ def pooled_run(
         print(f"\n== pooled: {args.pooled} interleaved rounds per rate (waited {waited:.0f} s for the lock)")
         try:
             for name in order:
-                try:
-                    srv = start_server(name, args)
-                except RuntimeError as exc:
-                    skipped[name] = f"failed to start: {str(exc).splitlines()[0]}"
-                    print(f"{name}: {exc}", flush=True)
-                    continue
-                servers[name] = srv
-                print(f"  {name} started in {srv.startup_s:.1f} s at {srv.url}{srv.path} {'; '.join(srv.notes)}")
+                srv = try_start(name, args, skipped)
+                if srv is not None:
+                    servers[name] = srv
             for name, srv in servers.items():
                 print(f"  {name}:", flush=True)
                 prepared[name] = prepare(srv, args, payloads, env, ref)
@@ -1027,13 +1034,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"\n== round {rnd + 1}/{args.rounds}: {name} (waited {waited:.0f} s for the lock); {wait_idle()}",
                     flush=True,
                 )
-                try:
-                    srv = start_server(name, args)
-                except RuntimeError as exc:
-                    skipped[name] = f"failed to start: {str(exc).splitlines()[0]}"
-                    print(f"{name}: {exc}", flush=True)
+                srv = try_start(name, args, skipped)
+                if srv is None:
                     continue
-                print(f"  started in {srv.startup_s:.1f} s at {srv.url}{srv.path} {'; '.join(srv.notes)}", flush=True)
                 try:
                     results.append({"round": rnd + 1, **search(srv, args, payloads, env, ref)})
                 finally:
