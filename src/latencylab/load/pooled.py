@@ -109,21 +109,10 @@ def pool(
     else:
         passed, why = True, f"pooled {name} {q_ms:.1f} ms"
     return PooledStep(
-        server,
-        rate,
-        len(results),
-        sent,
-        ok,
-        failed,
-        len(results) - len(valid),
-        q_ms,
-        p50_ms,
-        ci,
-        round_q,
-        goodput,
-        passed,
-        why,
-    )
+        server=server, offered_rate=rate, rounds=len(results), sent=sent, ok=ok, failed=failed,
+        invalid=len(results) - len(valid), q_ms=q_ms, p50_ms=p50_ms, q_ci_ms=ci, round_q_ms=round_q,
+        goodput=goodput, passed=passed, why=why,
+    )  # fmt: skip
 
 
 def rotation(servers: Sequence[str], k: int) -> list[str]:
