@@ -19,7 +19,7 @@ def test_a_handler_cancelled_while_queued_takes_its_item_out_of_the_batch() -> N
     """The handler awaits the batcher's future itself (no shield): a client that goes away while its request
     waits for the compute thread cancels the item, and the batcher skips it rather than computing an answer
     nobody reads. The request ahead of it is answered as usual."""
-    variant = FakeVariant("fp32", 0.05)
+    variant = FakeVariant("fp32", 0.2)  # long enough that a busy machine cannot reorder the steps below
     cfg = ServerConfig(
         models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make", max_batch_size=1),)
     )
@@ -32,12 +32,12 @@ def test_a_handler_cancelled_while_queued_takes_its_item_out_of_the_batch() -> N
         try:
             variant.batch_sizes.clear()
             first = asyncio.create_task(svc.infer(body, Timing(time.perf_counter_ns())))
-            await asyncio.sleep(0.015)  # the first is computing (50 ms); the second will queue behind it
+            await asyncio.sleep(0.015)  # the first is computing (200 ms); the second will queue behind it
             second = asyncio.create_task(svc.infer(body, Timing(time.perf_counter_ns())))
             await asyncio.sleep(0.015)
             second.cancel()
             resp, _ = await first
-            await asyncio.sleep(0.12)  # time enough for a second batch, had the item stayed queued
+            await asyncio.sleep(0.3)  # time enough for a second batch, had the item stayed queued
             return len(variant.batch_sizes), second.cancelled() and resp.outputs is not None
         finally:
             await svc.stop()
