@@ -13,6 +13,7 @@ not run above that failure.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,22 +47,7 @@ class PooledStep:
     why: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "server": self.server,
-            "offered_rate": self.offered_rate,
-            "rounds": self.rounds,
-            "sent": self.sent,
-            "ok": self.ok,
-            "failed": self.failed,
-            "invalid": self.invalid,
-            "q_ms": self.q_ms,
-            "p50_ms": self.p50_ms,
-            "q_ci_ms": None if self.q_ci_ms is None else list(self.q_ci_ms),
-            "round_q_ms": list(self.round_q_ms),
-            "goodput": self.goodput,
-            "passed": self.passed,
-            "why": self.why,
-        }
+        return dataclasses.asdict(self)  # tuples stay tuples; JSON writes them as lists
 
 
 def _quantile_ci(h: LatencyHistogram, q: float, confidence: float = 0.95) -> tuple[float, float]:
