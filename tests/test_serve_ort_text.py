@@ -3,8 +3,10 @@ export, a wide session for long inputs, served end to end by the real app, clear
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from latencylab.errors import LatencyLabError  # noqa: E402
 from latencylab.serve.app import build_state, lifespan_app  # noqa: E402
 from latencylab.serve.config import ModelConfig, ServerConfig  # noqa: E402
-from latencylab.serve.ort_text import OrtTextVariant, ort_text_variant, text_onnx_path  # noqa: E402
+from latencylab.serve.ort_text import OrtTextVariant, _session, ort_text_variant, text_onnx_path  # noqa: E402
 from latencylab.serve.types import InferRequest, Tensor  # noqa: E402
 from latencylab.serve.variants import TextVariant, build_variants  # noqa: E402
 from latencylab.workloads.text import corpus  # noqa: E402
@@ -97,6 +99,38 @@ def test_long_inputs_run_on_the_wide_session(pair: tuple[TextVariant, OrtTextVar
     assert ((base * wide).sum(axis=1) > 0.99999).all()
     v.wide_threads = None
     assert v._wide is None
+
+
+def _idle_cpu_s(session: Any, sleep_s: float = 0.3) -> float:
+    """CPU the whole process uses while this thread sleeps, right after one call on ``session``."""
+    n = 64
+    session.run(None, {"input_ids": np.full((1, n), 1000, np.int64), "attention_mask": np.ones((1, n), np.int64)})
+    c0 = time.process_time()
+    time.sleep(sleep_s)
+    return time.process_time() - c0
+
+
+def test_ort_spin_us_caps_how_long_idle_threads_spin(pair: tuple[TextVariant, OrtTextVariant]) -> None:
+    """ORT's own default keeps an idle 2-thread session's worker spinning for ~40 ms of CPU after a call; with
+    ``spin_us`` it sleeps after 1 ms, so the process is nearly idle while nothing is computed."""
+    _, onnx = pair
+    default, capped = _session(onnx.path, 2), _session(onnx.path, 2, spin_us=1000)
+    spun = sorted(_idle_cpu_s(default) for _ in range(3))[1]
+    rested = sorted(_idle_cpu_s(capped) for _ in range(3))[1]
+    assert rested < 0.03, f"capped at 1 ms, the idle process still used {rested * 1e3:.1f} ms of CPU in 300 ms"
+    assert spun > 2 * rested + 0.015, f"default {spun * 1e3:.1f} ms vs capped {rested * 1e3:.1f} ms: no spinning?"
+
+
+def test_ort_spin_us_from_the_config_reaches_the_sessions(pair: tuple[TextVariant, OrtTextVariant]) -> None:
+    _, onnx = pair
+    v = ort_text_variant("spin", "primary", onnx.tokenizer, path=onnx.path, threads=1, fuse=False)
+    cfg = ServerConfig(models=(ModelConfig(name="text", ladder=("spin",), ort_spin_us=1500, long_input_threads=2),))
+    build_state(cfg, {"text": [v]})
+    assert v.spin_us == 1500 and v._wide is not None
+    for sess in (v.session, v._wide):
+        assert sess.get_session_options().get_session_config_entry("session.intra_op.spin_duration_us") == "1500"
+    with pytest.raises(LatencyLabError, match="ort_spin_us must be"):
+        ModelConfig(name="text", ladder=("spin",), ort_spin_us=-1)
 
 
 def test_served_end_to_end_by_the_app(pair: tuple[TextVariant, OrtTextVariant]) -> None:

@@ -23,6 +23,8 @@ Example (``serve.toml``)::
     compute_workers = 1         # batches computed at once per variant (with --threads 1: one core each)
     long_input_threads = 2      # optional (text): a batch whose longest input has >= long_input_tokens tokens
     long_input_tokens = 96      #   runs on this many intra-op threads (the others on --threads)
+    ort_spin_us = 3000          # optional (ONNX Runtime variants): idle intra-op threads spin this long, then
+                                #   sleep (default: ORT's own, which spins through the gaps of a served load)
     admission_slack = "boundary"  # what admission adds to its prediction: boundary | off (serve/slack.py)
     direct_when_idle = false    # idle batcher: preprocess + compute on the compute thread, one hand-over
     cache_ttl_s = 60
@@ -59,6 +61,7 @@ class ModelConfig:
     compute_workers: int = 1
     long_input_threads: int | None = None
     long_input_tokens: int = 96
+    ort_spin_us: int | None = None  # ONNX Runtime variants: session.intra_op.spin_duration_us (None: ORT's)
     admission_slack: str = "boundary"  # "boundary" | "off" (serve/slack.py)
     direct_when_idle: bool = False  # an idle batcher preprocesses + computes a request in one hand-over
     guard: dict[str, Any] = field(default_factory=dict)
@@ -83,6 +86,10 @@ class ModelConfig:
         for key in ("max_batch_size", "max_queue", "cache_entries", "compute_workers"):
             if getattr(self, key) < 1:
                 raise LatencyLabError(f"model {self.name!r}: {key} must be >= 1")
+        if self.ort_spin_us is not None and (
+            isinstance(self.ort_spin_us, bool) or not isinstance(self.ort_spin_us, int) or self.ort_spin_us < 0
+        ):
+            raise LatencyLabError(f"model {self.name!r}: ort_spin_us must be a whole number of microseconds >= 0")
         if not 0 < self.quantile < 1:
             raise LatencyLabError(f"model {self.name!r}: quantile must be a fraction, e.g. 0.99")
         if self.admission_slack not in ("boundary", "off"):

@@ -148,7 +148,7 @@ def export_text_onnx(tokenizer: Any, encoder: Any, path: Path) -> Path:
     return path
 
 
-def _session(path: Path, threads: int) -> Any:
+def _session(path: Path, threads: int, spin_us: int | None = None) -> Any:
     ort = _ort()
     so = ort.SessionOptions()
     so.intra_op_num_threads = max(1, int(threads))
@@ -160,6 +160,12 @@ def _session(path: Path, threads: int) -> Any:
     # one request every 20 ms: a 17-token text 5.2-5.3 ms spinning against 7.2-8.6 ms not; a 208-token
     # passage, fused graph, 35.9 against 43.8 ms).
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    if spin_us is not None:
+        # How long an idle worker spins before it sleeps. ORT's own default spins through the gaps of a served
+        # load (measured, 2 threads, a 16-token text every 28 ms on average: 34 ms of CPU per 5-ms call). A cap
+        # frees that core for a neighbour; below the gap between requests each call pays a wake-up again
+        # (1000 us: p50 9.0 ms against 5.4; docs/BENCHMARKS.md, "ONNX Runtime's idle threads").
+        so.add_session_config_entry("session.intra_op.spin_duration_us", str(int(spin_us)))
     so.log_severity_level = 3
     try:
         return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
@@ -193,13 +199,14 @@ class OrtTextVariant(TextVariant):
         self.threads = max(1, int(threads))
         self._wide: Any = None
         self._wide_threads: int | None = None
+        self._spin_us: int | None = None
         kw.setdefault("split_cost_tokens", SPLIT_COST_TOKENS_ORT)
         super().__init__(name, kind, tokenizer, self.path, **kw)
         if self.device != "cpu":
             raise LatencyLabError(f"variant {name!r}: the ONNX Runtime text variant runs on the CPU only")
 
     def _bind(self, model: Any) -> int:
-        self.session = _session(Path(model), self.threads)
+        self.session = _session(Path(model), self.threads, self._spin_us)
         inputs = {i.name for i in self.session.get_inputs()}
         if not {"input_ids", "attention_mask"} <= inputs:
             raise LatencyLabError(
@@ -212,13 +219,26 @@ class OrtTextVariant(TextVariant):
         return width
 
     @property
+    def spin_us(self) -> int | None:
+        """How long idle intra-op threads spin before they sleep (None: ORT's default); setting it rebuilds
+        the session(s)."""
+        return self._spin_us
+
+    @spin_us.setter
+    def spin_us(self, us: int | None) -> None:
+        self._spin_us = us
+        self.session = _session(self.path, self.threads, us)
+        if self._wide is not None and self._wide_threads:
+            self._wide = _session(self.path, self._wide_threads, us)
+
+    @property
     def wide_threads(self) -> int | None:
         return self._wide_threads
 
     @wide_threads.setter
     def wide_threads(self, n: int | None) -> None:
         self._wide_threads = n
-        self._wide = _session(self.path, n) if n and n != self.threads else None
+        self._wide = _session(self.path, n, self._spin_us) if n and n != self.threads else None
 
     def _encode(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         session = self._wide if self._wide is not None and input_ids.shape[1] >= self.wide_tokens else self.session

@@ -86,7 +86,10 @@ class ModelService:
         self.pool_workers = max(1, int(getattr(preprocess_pool, "_max_workers", 1)))  # None: inline, one at a time
         self.caching = "cache" in self.ladder  # only a ladder with a cache rung stores answers
         self.compute_threads = compute_threads
-        for v in self.variants:  # long inputs on more threads (variants that support it: text)
+        for v in self.variants:
+            if cfg.ort_spin_us is not None and hasattr(v, "spin_us"):  # ONNX Runtime variants
+                setattr(v, "spin_us", cfg.ort_spin_us)  # noqa: B010 (not in the Variant protocol)
+            # long inputs on more threads (variants that support it: text)
             if cfg.long_input_threads and hasattr(v, "wide_threads"):
                 setattr(v, "wide_threads", cfg.long_input_threads)  # noqa: B010 (not in the Variant protocol)
                 setattr(v, "wide_tokens", cfg.long_input_tokens)  # noqa: B010
