@@ -1,4 +1,4 @@
-"""ModelService's request path: what a handler's cancellation does to its queued item."""
+"""ModelService's request path: a handler's cancellation, a preprocess step past the deadline, bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fake_variants import FakeVariant
 from latencylab.serve import protocol
 from latencylab.serve.app import build_state
 from latencylab.serve.config import ModelConfig, ServerConfig
-from latencylab.serve.service import Timing
+from latencylab.serve.service import ServiceError, Timing
 
 BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
 
@@ -46,3 +46,72 @@ def test_a_handler_cancelled_while_queued_takes_its_item_out_of_the_batch() -> N
     assert ok
     assert batches == 1
     assert svc.in_flight == 0 and len(svc.batchers[0]) == 0
+
+
+def _service(variant: FakeVariant) -> tuple[object, object]:
+    cfg = ServerConfig(
+        models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make", max_batch_size=1),)
+    )
+    svc = build_state(cfg, {"fake": [variant]}).services["fake"]
+    return svc, protocol.parse_infer_request(json.dumps(BODY).encode(), "fake", None, svc.inputs)
+
+
+def test_a_preprocess_slower_than_the_deadline_is_answered_504_at_the_deadline() -> None:
+    """The deadline's timer runs from admission, preprocessing included: a stuck preprocess step answers 504
+    when the deadline passes, not when the step returns; its late item is dropped, never computed, and its
+    admission reservation is released."""
+    variant = FakeVariant("fp32", 0.001)
+    svc, body = _service(variant)
+    slow = protocol.parse_infer_request(
+        json.dumps({**BODY, "parameters": {"deadline_ms": 60}}).encode(), "fake", None, svc.inputs
+    )
+
+    async def go() -> tuple[int, float, int]:
+        await svc.start()
+        try:
+            variant.batch_sizes.clear()
+            variant.pre_delay_s = 0.4
+            t0 = time.perf_counter()
+            try:
+                await svc.infer(slow, Timing(time.perf_counter_ns()))
+                status = 200
+            except ServiceError as exc:
+                status = exc.status
+            took = time.perf_counter() - t0
+            await asyncio.sleep(0.5)  # the preprocess step returns meanwhile
+            return status, took, len(variant.batch_sizes)
+        finally:
+            await svc.stop()
+
+    status, took, batches = asyncio.run(go())
+    assert status == 504
+    assert took < 0.3, f"answered after {took * 1e3:.0f} ms: it waited for the 400-ms preprocess step"
+    assert batches == 0
+    batcher = svc.batchers[0]
+    assert len(batcher) == 0 and batcher._reserved == 0 and svc.preprocessing == 0 and svc.in_flight == 0
+
+
+def test_a_bad_input_found_in_preprocessing_is_a_4xx_and_releases_its_reservation() -> None:
+    variant = FakeVariant("fp32", 0.001)
+    svc, _ = _service(variant)
+    empty = protocol.parse_infer_request(
+        json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [0, 4], "data": []}]}).encode(),
+        "fake",
+        None,
+        svc.inputs,
+    )
+
+    async def go() -> ServiceError:
+        await svc.start()
+        try:
+            try:
+                await svc.infer(empty, Timing(time.perf_counter_ns()))
+            except ServiceError as exc:
+                return exc
+            raise AssertionError("an empty input was answered")
+        finally:
+            await svc.stop()
+
+    err = asyncio.run(go())
+    assert err.status == 400 and "at least one row" in str(err)
+    assert svc.batchers[0]._reserved == 0 and svc.preprocessing == 0 and svc.in_flight == 0

@@ -341,9 +341,13 @@ class Batcher:
         """Give back an admission that will not be submitted (its preprocess failed)."""
         self._reserved = max(0, self._reserved - 1)
 
-    def submit(self, item: Any, deadline_ns: int) -> asyncio.Future[BatchOutcome]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[BatchOutcome] = loop.create_future()
+    def submit(
+        self, item: Any, deadline_ns: int, fut: asyncio.Future[BatchOutcome] | None = None
+    ) -> asyncio.Future[BatchOutcome]:
+        """Queue ``item`` (its admission reservation becomes a queued job); the returned future (``fut`` if
+        given) gets its outcome."""
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
         self.unreserve()
         now = time.perf_counter_ns()
         if self._last_arrival is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -265,23 +266,17 @@ class ModelService:
     async def _batched(
         self, batcher: Batcher, request: InferRequest, timing: Timing, deadline_ns: int, deadline_ms: float
     ) -> BatchOutcome:
-        """Preprocess in the pool, then queue for a batch; raises _Late when the deadline passes."""
-        try:
-            item = await self._preprocess(batcher.variant, request)
-        except ProtocolError as exc:
-            batcher.unreserve()
-            raise ServiceError(exc.status, str(exc), kind="bad_input") from None
-        except BaseException:
-            batcher.unreserve()
-            raise
-        timing.preprocessed = time.perf_counter_ns()
-        fut = batcher.submit(item, deadline_ns)
-        remaining = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
-        # The batcher answers (or fails fast) by the deadline; this timer only covers a batcher that cannot.
-        # One timer and a plain await, not wait_for(shield(fut)): each of those layers adds a pass through the
-        # event loop between the batch's end and this handler, and under load every pass waits behind all
-        # other ready callbacks. A handler cancelled by its client cancels its queued item (the batcher skips
-        # done items).
+        """Preprocess in the pool, then queue for a batch; raises _Late when the deadline passes.
+
+        The handler awaits one future from admission to answer. The preprocess worker hands its item
+        straight to the batcher (one callback on the loop), not back to this coroutine first: under load every
+        pass through the event loop waits behind all other ready callbacks, and this saves one per request.
+        The batcher answers (or fails fast) by the deadline; one timer covers a batcher that cannot (not
+        wait_for(shield(fut)): each of those layers adds a pass too). A handler cancelled by its client
+        cancels its item, queued or not yet (the batcher skips done items; a late preprocess result is dropped).
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[BatchOutcome] = loop.create_future()
         expired = False
 
         def expire() -> None:
@@ -290,9 +285,13 @@ class ModelService:
                 expired = True
                 fut.cancel()
 
-        timer = asyncio.get_running_loop().call_later(remaining + 0.005, expire)
+        remaining = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+        timer = loop.call_later(remaining + 0.005, expire)
         try:
+            self._preprocess_then_submit(loop, batcher, request, timing, deadline_ns, fut)
             return await fut
+        except ProtocolError as exc:
+            raise ServiceError(exc.status, str(exc), kind="bad_input") from None
         except asyncio.CancelledError:
             if expired:
                 raise _Late(f"deadline of {deadline_ms:g} ms exceeded") from None
@@ -303,6 +302,57 @@ class ModelService:
             raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
         finally:
             timer.cancel()
+
+    def _preprocess_then_submit(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batcher: Batcher,
+        request: InferRequest,
+        timing: Timing,
+        deadline_ns: int,
+        fut: asyncio.Future[BatchOutcome],
+    ) -> None:
+        """Start ``request``'s preprocessing; its item joins ``batcher``'s queue with ``fut`` as its answer, or
+        ``fut`` gets the preprocessing's exception. The admission reservation is always released once."""
+        variant = batcher.variant
+        self.preprocessing += 1
+
+        def on_loop(took: float, item: Any, exc: BaseException | None) -> None:
+            self.preprocessing -= 1
+            if exc is not None:
+                batcher.unreserve()
+                if not fut.done():
+                    fut.set_exception(exc)
+                return
+            self._observe_preprocess(took)
+            timing.preprocessed = time.perf_counter_ns()
+            if fut.done():  # the handler is gone (its client left, or its deadline passed): nothing to queue
+                batcher.unreserve()
+                return
+            batcher.submit(item, deadline_ns, fut)
+
+        if self.pool is None:  # inline on the event loop: no thread hand-over (one core: nothing to overlap)
+            try:
+                took, item = _timed(variant.preprocess, request)
+            except Exception as exc:  # the handler raises it (ProtocolError: 4xx)
+                on_loop(0.0, None, exc)
+            else:
+                on_loop(took, item, None)
+            return
+
+        def work() -> None:
+            took, item, err = 0.0, None, None
+            try:
+                took, item = _timed(variant.preprocess, request)
+            except Exception as exc:
+                err = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed (shutdown): nobody waits for the answer
+                loop.call_soon_threadsafe(on_loop, took, item, err)
+
+        try:
+            self.pool.submit(work)
+        except RuntimeError as exc:  # the pool shut down
+            on_loop(0.0, None, exc)
 
     def answered(self, timing: Timing, now_ns: int) -> None:
         """The response is encoded: a request admitted near the boundary reports its prediction error up to here.
