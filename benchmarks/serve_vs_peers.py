@@ -45,6 +45,9 @@ of the best peer while keeping P99 latency <= the SLO (100 ms by default).
   once and runs each rate K times, interleaved (round k's order rotated by k, its seed the same for every
   server), and is judged on the pool of its K steps (latencylab.load.pooled): one 12-s step's p99 is its
   ~4th-slowest request, too few for a verdict on a noisy machine.
+* ``--also LABEL:KEY=VALUE[,KEY=VALUE...]`` (repeatable) serves another latencylab configuration beside the
+  others, as server ``latencylab:LABEL``, with those lines added to its model config (e.g. ``--also
+  spin3:ort_spin_us=3000``): an A/B of a setting, interleaved and on the same seeds as everything else.
 * Where time goes, per step: latencylab's /metrics (stage means, batch sizes, release reasons); the peers'
   Embedder counters (calls, rows per call, forward ms, padding, concurrent forwards), and every server's
   CPU use in cores.
@@ -231,6 +234,14 @@ def raise_generator_priority(mode: str) -> str:
     return {"fifo": "SCHED_FIFO 1", "nice": "nice -10", "none": "unchanged"}[mode]
 
 
+def capacity_ratio(ours: float, peer: float) -> float | None:
+    """latencylab's capacity over the best peer's: inf when only latencylab passed a step, None (no verdict)
+    when neither did."""
+    if peer > 0:
+        return ours / peer
+    return float("inf") if ours > 0 else None
+
+
 def fmt(x: float | None, spec: str = ".1f", none: str = "-") -> str:
     return none if x is None else format(x, spec)
 
@@ -383,16 +394,22 @@ def onnx_export() -> Path:
     return path if path.is_file() else export_default(path)
 
 
+def spec_of(name: str) -> ServerSpec:
+    """The spec of a server name: ``latencylab:LABEL`` (``--also``) is latencylab's."""
+    return SPECS[name.partition(":")[0]]
+
+
 def start_server(name: str, args: argparse.Namespace) -> Running:
-    spec = SPECS[name]
+    spec = spec_of(name)
     port = free_port()
     url = f"http://{HOST}:{port}"
     workdir = Path(tempfile.mkdtemp(prefix=f"serve-vs-peers-{name}-"))
     env = child_env({"MINILM_ONNX": args.onnx_path} if args.runtime == "onnx" else None)
     path = infer_path(MODEL)
     notes: list[str] = []
-    if name == "latencylab":
-        extra = "".join(f"{k} = {v}\n" for k, v in (o.split("=", 1) for o in args.latencylab_option))
+    if spec.name == "latencylab":
+        options = list(args.latencylab_option) + list(args.also.get(name.partition(":")[2], ()))
+        extra = "".join(f"{k} = {v}\n" for k, v in (o.split("=", 1) for o in options))
         pinned = args.latencylab_mode == "pinned"
         variant = args.latencylab_variant or ("fp32-onnx" if args.runtime == "onnx" else "fp32")
         ladder = '["fp32", "minilm-l3", "int8", "cache"]' if pinned else f'["{variant}"]'
@@ -402,7 +419,7 @@ def start_server(name: str, args: argparse.Namespace) -> Running:
         )
         if pinned:
             path = infer_path(MODEL, "fp32")
-        notes.append(f"ladder {ladder}, path {path}" + (f", {', '.join(args.latencylab_option)}" if extra else ""))
+        notes.append(f"ladder {ladder}, path {path}" + (f", {', '.join(options)}" if extra else ""))
         cmd = [str(ROOT / ".venv" / "bin" / "latencylab"), "serve", "--config", str(workdir / "serve.toml")]
         cmd += ["--threads", str(args.latencylab_threads or args.threads)]
         if args.latencylab_workers:
@@ -843,7 +860,7 @@ def report(
         med = statistics.median(caps)
         rep = min(rs, key=lambda r: abs((r["capacity"] or 0.0) - med))
         summary[name] = {"capacity": med, "rounds": caps, "rep": rep}
-    peers = {n: v["capacity"] for n, v in summary.items() if n != "latencylab"}
+    peers = {n: v["capacity"] for n, v in summary.items() if spec_of(n).name != "latencylab"}
     best_peer = max(peers.items(), key=lambda kv: kv[1]) if peers else None
     slo = f"p99<={args.slo_ms:g}ms"
     print(f"\n== capacity at {slo}, Poisson arrivals, {args.step_duration:g} s steps, precision {args.precision:.0%}")
@@ -851,7 +868,7 @@ def report(
         f"{'server':<11} {'capacity':>10} {'rounds':>17} {'p50 ms':>7} {'p99 ms':>7} {'vs best peer':>13} {'cos':>8}  "
         "limit / where time goes"
     )
-    for name in [n for n in SERVERS if n in summary]:
+    for name in [n for n in SERVERS if n in summary] + sorted(n for n in summary if n not in SERVERS):
         v = summary[name]
         s = v["rep"]["at_capacity"] or {}
         ratio = v["capacity"] / best_peer[1] if best_peer and best_peer[1] > 0 else None
@@ -864,11 +881,12 @@ def report(
         print(f"{name:<11} {'skipped':>10}  {why}")
     verdict: dict[str, Any] = {"slo": slo, "target_ratio": TARGET_RATIO}
     if "latencylab" in summary and best_peer:
-        ratio = summary["latencylab"]["capacity"] / best_peer[1] if best_peer[1] > 0 else float("inf")
-        ok = ratio >= TARGET_RATIO
-        verdict.update({"best_peer": best_peer[0], "ratio": ratio, "met": ok})
+        cap_ratio = capacity_ratio(summary["latencylab"]["capacity"], best_peer[1])
+        ok = cap_ratio is not None and cap_ratio >= TARGET_RATIO
+        verdict.update({"best_peer": best_peer[0], "ratio": cap_ratio, "met": ok})
+        shown = "undefined (no server passed a step)" if cap_ratio is None else f"{cap_ratio:.2f}x"
         print(
-            f"\nlatencylab / best peer ({best_peer[0]}) = {ratio:.2f}x (target >= {TARGET_RATIO}x): "
+            f"\nlatencylab / best peer ({best_peer[0]}) = {shown} (target >= {TARGET_RATIO}x): "
             f"{'MET' if ok else 'NOT MET'}"
         )
     print("\n== versions")
@@ -968,6 +986,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="fifo",
         help="scheduling of the load generator vs the server (default fifo: SCHED_FIFO 1)",
     )
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+        help="also serve latencylab with these model-config lines, as server latencylab:LABEL (repeatable)",
+    )
     ap.add_argument("--lock", default=LOCK, help="flock file shared by the benchmarks of this machine")
     ap.add_argument("--json", help="write every step and figure here")
     args = ap.parse_args(argv)
@@ -980,6 +1005,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [n for n in names if n not in SERVERS]
     if bad:
         ap.error(f"unknown server(s) {bad}; choose from {', '.join(SERVERS)}")
+    also: dict[str, list[str]] = {}
+    for spec in args.also:
+        label, _, opts = spec.partition(":")
+        pairs = [o.strip() for o in opts.split(",") if o.strip()]
+        if not label.isidentifier() or not pairs or any("=" not in o for o in pairs) or label in also:
+            ap.error(f"--also {spec!r}: want a new LABEL:KEY=VALUE[,KEY=VALUE...], e.g. spin3:ort_spin_us=3000")
+        also[label] = pairs
+        names.append(f"latencylab:{label}")
+    args.also = also
     args.servers = names
     if args.pooled and not args.grid:
         ap.error("--pooled needs --grid (the rates every server runs)")
@@ -1012,12 +1046,12 @@ def main(argv: list[str] | None = None) -> int:
     versions: dict[str, dict[str, str]] = {}
     with bench_lock(args.lock):  # the checks below load torch a few times: not while another benchmark runs
         for name in args.servers:
-            why = SPECS[name].available()
+            why = spec_of(name).available()
             if why:
                 skipped[name] = why
                 print(f"{name}: skipped: {why}")
             else:
-                versions[name] = SPECS[name].versions()
+                versions[name] = spec_of(name).versions()
         lengths = [len(json.loads(p.body)["inputs"][0]["data"][0]) for p in payloads]
         ref = reference(payloads, (lengths.index(min(lengths)), 1, lengths.index(max(lengths))))
     # After the reference (torch's worker threads inherit the policy) and before any server starts.

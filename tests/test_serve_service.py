@@ -10,7 +10,8 @@ from fake_variants import FakeVariant
 from latencylab.serve import protocol
 from latencylab.serve.app import build_state
 from latencylab.serve.config import ModelConfig, ServerConfig
-from latencylab.serve.service import ServiceError, Timing
+from latencylab.serve.service import ModelService, ServiceError, Timing
+from latencylab.serve.types import InferRequest
 
 BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
 
@@ -48,7 +49,7 @@ def test_a_handler_cancelled_while_queued_takes_its_item_out_of_the_batch() -> N
     assert svc.in_flight == 0 and len(svc.batchers[0]) == 0
 
 
-def _service(variant: FakeVariant) -> tuple[object, object]:
+def _service(variant: FakeVariant) -> tuple[ModelService, InferRequest]:
     cfg = ServerConfig(
         models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make", max_batch_size=1),)
     )
@@ -61,7 +62,7 @@ def test_a_preprocess_slower_than_the_deadline_is_answered_504_at_the_deadline()
     when the deadline passes, not when the step returns; its late item is dropped, never computed, and its
     admission reservation is released."""
     variant = FakeVariant("fp32", 0.001)
-    svc, body = _service(variant)
+    svc, _ = _service(variant)
     slow = protocol.parse_infer_request(
         json.dumps({**BODY, "parameters": {"deadline_ms": 60}}).encode(), "fake", None, svc.inputs
     )
