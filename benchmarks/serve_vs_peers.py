@@ -871,7 +871,7 @@ def report(
     for name in [n for n in SERVERS if n in summary] + sorted(n for n in summary if n not in SERVERS):
         v = summary[name]
         s = v["rep"]["at_capacity"] or {}
-        ratio = v["capacity"] / best_peer[1] if best_peer and best_peer[1] > 0 else None
+        ratio = capacity_ratio(v["capacity"], best_peer[1]) if best_peer else None
         rounds = " ".join(f"{c:.1f}" for c in v["rounds"])
         print(
             f"{name:<11} {v['capacity']:>8.1f}/s {rounds:>17} {fmt(s.get('p50_ms')):>7} {fmt(s.get('p99_ms')):>7} "

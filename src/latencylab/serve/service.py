@@ -371,21 +371,6 @@ class ModelService:
         else:  # EWMA, one stall clipped to 4x the estimate (it must not make every admission look infeasible)
             self.pre_s += 0.1 * (min(took, 4 * self.pre_s) - self.pre_s)
 
-    async def _preprocess(self, variant: Variant, request: InferRequest) -> Any:
-        """Preprocess in the pool, keeping the count and the per-call EWMA that admission uses."""
-        self.preprocessing += 1
-        try:
-            if self.pool is None:  # inline on the event loop: no thread hand-over (one core: nothing to overlap)
-                took, item = _timed(variant.preprocess, request)
-            else:
-                took, item = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, _timed, variant.preprocess, request
-                )
-        finally:
-            self.preprocessing -= 1
-        self._observe_preprocess(took)
-        return item
-
     def _shadow(self, request: InferRequest, level: int, deadline_ms: float) -> None:
         if self.ladder[level] == "cache" or len(self._shadows) >= 16:  # bounded: probes must not pile up
             return
@@ -397,20 +382,15 @@ class ModelService:
         start = time.perf_counter_ns()
         deadline_ns = start + int(deadline_ms * 1e6)
         batcher = self.batchers[level]
-        admitted = False
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[BatchOutcome] = loop.create_future()
         try:
             batcher.admit(deadline_ns, start, self.preprocess_lead_ns())
-            admitted = True
-            item = await self._preprocess(batcher.variant, request)
-            fut = batcher.submit(item, deadline_ns)
-            admitted = False
-            await asyncio.wait_for(asyncio.shield(fut), max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9) + 0.005)
+            self._preprocess_then_submit(loop, batcher, request, Timing(start), deadline_ns, fut)
+            await asyncio.wait_for(fut, max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9) + 0.005)
             latency = time.perf_counter_ns() - start
         except Exception:  # a probe that fails or cannot be admitted is a slow probe
             latency = int(deadline_ms * 1e6)
-        finally:
-            if admitted:  # admitted but never submitted: give the place back
-                batcher.unreserve()
         self.metrics.probes.labels(self.name, self.ladder[level]).inc()
         self.guard.observe(level, latency, probe=True)
 
