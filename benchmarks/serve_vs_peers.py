@@ -44,10 +44,12 @@ of the best peer while keeping P99 latency <= the SLO (100 ms by default).
   rotating the server order each round (interleaved). ``--grid R1,... --pooled K``: every server is up at
   once and runs each rate K times, interleaved (round k's order rotated by k, its seed the same for every
   server), and is judged on the pool of its K steps (latencylab.load.pooled): one 12-s step's p99 is its
-  ~4th-slowest request, too few for a verdict on a noisy machine.
+  ~4th-slowest request, too few for a verdict on a noisy machine. ``--strict`` judges the pooled p99 over
+  every request, a shed or failed one counting as a miss (for a server that refuses requests at admission).
 * ``--also LABEL:KEY=VALUE[,KEY=VALUE...]`` (repeatable) serves another latencylab configuration beside the
   others, as server ``latencylab:LABEL``, with those lines added to its model config (e.g. ``--also
-  spin3:ort_spin_us=3000``): an A/B of a setting, interleaved and on the same seeds as everything else.
+  spin3:ort_spin_us=3000``; a string value needs TOML quotes: ``'x:admission_slack="off"'``): an A/B of a
+  setting, interleaved and on the same seeds as everything else.
 * Where time goes, per step: latencylab's /metrics (stage means, batch sizes, release reasons); the peers'
   Embedder counters (calls, rows per call, forward ms, padding, concurrent forwards), and every server's
   CPU use in cores.
@@ -757,11 +759,12 @@ def pooled_run(
                 rounds = " ".join(fmt(q) for q in p.round_q_ms)
                 print(
                     f"  {p.offered_rate:7.1f}/s {p.server:<10} POOLED n={p.sent}: p99 {fmt(p.q_ms)} ms 95% CI {ci} "
-                    f"(rounds: {rounds})  {'PASS' if p.passed else 'fail'}: {p.why}",
+                    f"(rounds: {rounds}; {p.failed} failed, p99 of all {fmt(p.q_all_ms)} ms)  "
+                    f"{'PASS' if p.passed else 'fail'}: {p.why}",
                     flush=True,
                 )
 
-            out = pooled_grid(run_step, list(servers), slo, args.grid, args.pooled, on_step=on_step)
+            out = pooled_grid(run_step, list(servers), slo, args.grid, args.pooled, on_step=on_step, strict=args.strict)
         finally:
             for srv in servers.values():
                 srv.stop()
@@ -953,6 +956,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="K",
         help="with --grid: all servers up at once, every rate run K times per server, interleaved (round k's "
         "order rotated by k, its seed the same for every server), each server judged on the pool of its K steps",
+    )
+    ap.add_argument(
+        "--strict",
+        action="store_true",
+        help="with --pooled: judge the p99 over every request, a shed or failed one counting as a miss (a server "
+        "that refuses requests cannot improve its tail by refusing its slowest)",
     )
     ap.add_argument("--warmup-s", type=float, default=4.0)
     ap.add_argument("--request-timeout", type=float, default=10.0, help="client timeout per request, s")

@@ -60,6 +60,33 @@ def test_failures_and_invalid_rounds() -> None:
         pool("a", 10.0, [], SLO)
 
 
+def test_strict_counts_shed_requests_as_misses_of_the_quantile() -> None:
+    """A server that refuses its slowest requests: by default its p99 is of the answers, and 0.7% shed passes;
+    strict takes the p99 over every request with a shed one slower than any answer, so the same run fails.
+    The all-requests quantile is exact: ranks against numpy on the same values with +inf for the shed."""
+    from latencylab.load.pooled import quantile_all
+
+    rng = np.random.default_rng(5)
+    answers = rng.lognormal(np.log(40), 0.3, 993)
+    answers[:5] = 104.0  # 5 late answers; with 7 shed, 12 of 1000 miss: the p99 of all requests is a miss
+    results = [_result(answers, shed=7)]
+    lenient = pool("a", 30.0, results, SLO)
+    assert lenient.passed and lenient.q_ms is not None and lenient.q_ms < 100
+    strict = pool("a", 30.0, results, SLO, strict=True)
+    assert not strict.passed and strict.q_all_ms is not None and strict.q_all_ms > 100
+    assert "of all requests" in strict.why
+    everything = np.concatenate([answers, np.full(7, np.inf)])
+    assert strict.q_all_ms == pytest.approx(np.quantile(everything, 0.99, method="inverted_cdf"), rel=0.01)
+    # nothing shed: the same as the answers' quantile; more than 1% shed: no value (a failure)
+    h = new_histogram()
+    h.record_many((answers * 1e6).tolist())
+    assert quantile_all(h, 0.99, 0) == h.quantile(0.99)
+    assert quantile_all(h, 0.99, 11) is None
+    assert not pool("a", 30.0, [_result(answers, shed=11)], SLO, strict=True).passed
+    # few sheds and a fast tail: strict passes too
+    assert pool("a", 30.0, [_result(np.full(995, 30.0), shed=3)], SLO, strict=True).passed
+
+
 def test_interleaved_order_and_capacity_per_server() -> None:
     assert rotation(["a", "b", "c"], 0) == ["a", "b", "c"]
     assert rotation(["a", "b", "c"], 1) == ["b", "c", "a"]

@@ -14,6 +14,7 @@ not run above that failure.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,9 @@ class PooledStep:
     goodput: float | None  # mean over rounds of ok-within-SLO per second
     passed: bool
     why: str
+    # the same quantile over every request sent, a shed or failed one counting as slower than any answer
+    # (None: more than 1 - q of them failed). Judged on when pooled with strict=True.
+    q_all_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # tuples stay tuples; JSON writes them as lists
@@ -61,10 +65,33 @@ def _quantile_ci(h: LatencyHistogram, q: float, confidence: float = 0.95) -> tup
     return h.quantile(min(1.0, (lo - 0.5) / n)), h.quantile(min(1.0, (hi - 0.5) / n))
 
 
+def quantile_all(h: LatencyHistogram, q: float, failed: int) -> float | None:
+    """The ``q`` quantile (ns) of ``h``'s answers plus ``failed`` requests that count as slower than any answer:
+    the value of rank max(1, round(q * n)) of all n (the rank ``LatencyHistogram.quantile`` uses), or None when
+    that rank falls among the failed. With nothing failed it is ``h.quantile(q)``."""
+    n = h.count + failed
+    if h.count == 0:
+        return None
+    rank = max(1, math.floor(q * n + 0.5))
+    if rank > h.count:
+        return None
+    return h.quantile(rank / h.count)
+
+
 def pool(
-    server: str, rate: float, results: Sequence[LoadResult], slo: Slo, max_error_fraction: float = 0.01
+    server: str,
+    rate: float,
+    results: Sequence[LoadResult],
+    slo: Slo,
+    max_error_fraction: float = 0.01,
+    strict: bool = False,
 ) -> PooledStep:
-    """The pooled verdict of ``results`` (one server, one rate, one result per round)."""
+    """The pooled verdict of ``results`` (one server, one rate, one result per round).
+
+    By default a step passes when the quantile of the successful requests is within the SLO and at most
+    ``max_error_fraction`` of them were shed or failed. ``strict``: the quantile is taken over every request,
+    a shed or failed one counting as a miss, so a server cannot improve its tail by refusing its slowest
+    requests (it still gains when refusing a hopeless one shortens the others' wait)."""
     if not results:
         raise ValueError("pool() needs at least one result")
     valid = [r for r in results if r.summary.get("valid", False)]
@@ -77,8 +104,10 @@ def pool(
     goodputs = [float(r.summary["goodput"]) for r in valid if r.summary.get("goodput") is not None]
     goodput = sum(goodputs) / len(goodputs) if goodputs else None
     merged = LatencyHistogram.merged(hists) if hists else None
-    q_ms = p50_ms = ci = None
+    q_ms = p50_ms = ci = q_all = None
     if merged is not None and merged.count:
+        qa = quantile_all(merged, slo.q, failed)
+        q_all = qa / 1e6 if qa is not None else None
         q_ms = merged.quantile(slo.q) / 1e6
         p50_ms = merged.quantile(0.5) / 1e6
         lo, hi = _quantile_ci(merged, slo.q)
@@ -90,6 +119,12 @@ def pool(
         passed, why = False, f"{failed / sent:.1%} shed or failed (limit {max_error_fraction:.0%})"
     elif q_ms is None:
         passed, why = False, "no successful request"
+    elif strict and q_all is None:
+        passed, why = False, f"more than {1 - slo.q:.0%} shed or failed: the {name} of all requests is a failure"
+    elif strict and q_all is not None and q_all * 1e6 > slo.threshold_ns:
+        passed, why = False, f"pooled {name} of all requests {q_all:.1f} ms > {slo.threshold_ns / 1e6:g} ms"
+    elif strict:
+        passed, why = True, f"pooled {name} of all requests {q_all:.1f} ms"
     elif q_ms * 1e6 > slo.threshold_ns:
         passed, why = False, f"pooled {name} {q_ms:.1f} ms > {slo.threshold_ns / 1e6:g} ms"
     else:
@@ -97,7 +132,7 @@ def pool(
     return PooledStep(
         server=server, offered_rate=rate, rounds=len(results), sent=sent, ok=ok, failed=failed,
         invalid=len(results) - len(valid), q_ms=q_ms, p50_ms=p50_ms, q_ci_ms=ci, round_q_ms=round_q,
-        goodput=goodput, passed=passed, why=why,
+        goodput=goodput, passed=passed, why=why, q_all_ms=q_all,
     )  # fmt: skip
 
 
@@ -115,6 +150,7 @@ def pooled_grid(
     rounds: int,
     max_error_fraction: float = 0.01,
     on_step: Callable[[PooledStep], None] | None = None,
+    strict: bool = False,
 ) -> dict[str, tuple[Capacity, tuple[PooledStep, ...]]]:
     """Each server's capacity on the pooled verdicts of an interleaved grid (module docstring).
 
@@ -137,7 +173,7 @@ def pooled_grid(
             for s in rotation(alive, k):
                 results[s].append(run_step(s, rate, k))
         for s in list(alive):
-            step = pool(s, rate, results[s], slo, max_error_fraction)
+            step = pool(s, rate, results[s], slo, max_error_fraction, strict)
             steps[s].append(step)
             if on_step is not None:
                 on_step(step)
