@@ -85,7 +85,7 @@ from latencylab.load.arrivals import Poisson
 from latencylab.load.capacity import Capacity, find_capacity, grid_capacity, step_seed
 from latencylab.load.generator import AbortFn, LoadConfig, Payload
 from latencylab.load.payloads import infer_path, text_payloads
-from latencylab.load.pooled import PooledStep, pooled_grid
+from latencylab.load.pooled import PooledStep, crossing_rate, pooled_grid
 from latencylab.load.reconcile import parse_prometheus
 from latencylab.load.results import LoadResult, Slo
 from latencylab.load.runner import load_test
@@ -791,6 +791,7 @@ def pooled_run(
                 "round": 1, "server": name, "capacity": cap.capacity_rate, "goodput": cap.goodput, "reason": cap.reason,
                 "idle_ms": idle_ms, "min_cosine": cosine, "startup_s": servers[name].startup_s,
                 "notes": servers[name].notes, "at_capacity": at_cap, "steps": curve, "pooled_rounds": args.pooled,
+                "crossing": crossing_rate(steps, args.slo_ms, args.strict),
             }
         )  # fmt: skip
     return results
@@ -862,7 +863,9 @@ def report(
         caps = [r["capacity"] or 0.0 for r in rs]
         med = statistics.median(caps)
         rep = min(rs, key=lambda r: abs((r["capacity"] or 0.0) - med))
-        summary[name] = {"capacity": med, "rounds": caps, "rep": rep}
+        crossings = [r.get("crossing") for r in rs]
+        crossing = crossings[0] if len(crossings) == 1 else None  # pooled: one result per server
+        summary[name] = {"capacity": med, "rounds": caps, "rep": rep, "crossing": crossing}
     peers = {n: v["capacity"] for n, v in summary.items() if spec_of(n).name != "latencylab"}
     best_peer = max(peers.items(), key=lambda kv: kv[1]) if peers else None
     slo = f"p99<={args.slo_ms:g}ms"
@@ -892,11 +895,23 @@ def report(
             f"\nlatencylab / best peer ({best_peer[0]}) = {shown} (target >= {TARGET_RATIO}x): "
             f"{'MET' if ok else 'NOT MET'}"
         )
+        ours_x, peer_x = summary["latencylab"].get("crossing"), summary[best_peer[0]].get("crossing")
+        if ours_x is not None or peer_x is not None:
+            # pooled: where each pooled p99 crossed the SLO, interpolated between grid rates (finer than the grid)
+            x_ratio = ours_x / peer_x if ours_x is not None and peer_x else None
+            verdict.update({"crossing": {"latencylab": ours_x, best_peer[0]: peer_x}, "crossing_ratio": x_ratio})
+            print(
+                f"interpolated SLO crossing: latencylab {fmt(ours_x)}/s, {best_peer[0]} {fmt(peer_x)}/s, "
+                f"ratio {fmt(x_ratio, '.2f')}x (rate where the pooled p99 reaches the SLO, linear between grid rates)"
+            )
     print("\n== versions")
     for name, v in versions.items():
         print(f"{name:<11} " + ", ".join(f"{k} {val}" for k, val in v.items()))
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}")
-    return {"summary": {n: {k: v[k] for k in ("capacity", "rounds")} for n, v in summary.items()}, "verdict": verdict}
+    return {
+        "summary": {n: {k: v[k] for k in ("capacity", "rounds", "crossing")} for n, v in summary.items()},
+        "verdict": verdict,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -27,3 +27,18 @@ def test_also_serves_more_latencylab_configurations_by_label() -> None:
     for bad in ("spin3", "spin3:", "spin3:ort_spin_us", "3x:a=1"):
         with pytest.raises(SystemExit):
             svp.parse_args(["--also", bad])
+
+
+def test_the_report_states_the_interpolated_crossing_of_pooled_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """A pooled run's result carries each server's SLO crossing; the report prints both and their ratio beside
+    the grid verdict (40 / 32 = 1.25x while the grid's own capacities say 36 / 30 = 1.20x)."""
+    args = svp.parse_args(["--only", "latencylab,naive", "--grid", "30,36,42", "--pooled", "4"])
+
+    def result(name: str, cap: float, crossing: float) -> dict[str, object]:
+        return {"server": name, "capacity": cap, "rep": None, "at_capacity": None, "steps": [], "crossing": crossing}
+
+    out = svp.report([result("latencylab", 36.0, 40.0), result("naive", 30.0, 32.0)], args, {}, {})
+    text = capsys.readouterr().out
+    assert out["verdict"]["ratio"] == pytest.approx(1.2) and not out["verdict"]["met"]
+    assert out["verdict"]["crossing_ratio"] == pytest.approx(1.25)
+    assert "interpolated SLO crossing: latencylab 40.0/s, naive 32.0/s, ratio 1.25x" in text

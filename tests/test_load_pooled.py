@@ -87,6 +87,26 @@ def test_strict_counts_shed_requests_as_misses_of_the_quantile() -> None:
     assert pool("a", 30.0, [_result(np.full(995, 30.0), shed=3)], SLO, strict=True).passed
 
 
+def test_crossing_rate_interpolates_between_the_last_pass_and_the_first_latency_failure() -> None:
+    from latencylab.load.pooled import crossing_rate
+
+    def step(rate: float, p99: float, shed: int = 0) -> object:
+        return pool("a", rate, [_result(np.full(1000, p99), shed=shed)], SLO)
+
+    # 36/s at 75 ms, 42/s at 125 ms: 100 ms is crossed half way, at 39/s
+    assert crossing_rate([step(42, 125.0), step(36, 75.0), step(30, 50.0)], 100.0) == pytest.approx(39.0, rel=0.01)
+    assert crossing_rate([step(30, 50.0), step(36, 75.0)], 100.0) == 36.0  # never failed: the grid's top
+    assert crossing_rate([step(30, 150.0)], 100.0) is None  # failed the lowest rate
+    assert crossing_rate([step(30, 50.0), step(36, 60.0, shed=30)], 100.0) is None  # failed on sheds, not latency
+    # strict: the quantile of all requests decides (0.5% shed moves the p99 of all onto the late answers)
+    late_tail = np.concatenate([np.full(985, 60.0), np.full(10, 200.0)])  # lenient p99 60 ms, strict 200
+    strict_fail = pool("a", 36.0, [_result(late_tail, shed=5)], SLO, strict=True)
+    assert not strict_fail.passed and strict_fail.q_all_ms is not None
+    strict_pass = pool("a", 30.0, [_result(np.full(1000, 50.0))], SLO, strict=True)
+    got = crossing_rate([strict_pass, strict_fail], 100.0, strict=True)
+    assert got is not None and 30.0 < got < 36.0
+
+
 def test_interleaved_order_and_capacity_per_server() -> None:
     assert rotation(["a", "b", "c"], 0) == ["a", "b", "c"]
     assert rotation(["a", "b", "c"], 1) == ["b", "c", "a"]

@@ -136,6 +136,25 @@ def pool(
     )  # fmt: skip
 
 
+def crossing_rate(steps: Sequence[PooledStep], threshold_ms: float, strict: bool = False) -> float | None:
+    """Where the pooled quantile crosses ``threshold_ms``, interpolated linearly in rate between the last passing
+    step and the first failing one: a capacity finer than the grid's spacing. Uses the quantile the verdicts used
+    (of all requests with ``strict``). None when no step passed, or when the first failure was not on latency
+    (too many shed or failed, invalid rounds); the highest rate when every step passed (a lower bound)."""
+    ordered = sorted(steps, key=lambda p: p.offered_rate)
+    first_fail = next((i for i, p in enumerate(ordered) if not p.passed), None)
+    if first_fail is None:
+        return ordered[-1].offered_rate if ordered else None
+    if first_fail == 0:
+        return None
+    lo, hi = ordered[first_fail - 1], ordered[first_fail]
+    q_lo, q_hi = (lo.q_all_ms, hi.q_all_ms) if strict else (lo.q_ms, hi.q_ms)
+    if q_lo is None or q_hi is None or q_hi <= threshold_ms or q_hi <= q_lo:
+        return None
+    frac = min(1.0, max(0.0, (threshold_ms - q_lo) / (q_hi - q_lo)))
+    return lo.offered_rate + frac * (hi.offered_rate - lo.offered_rate)
+
+
 def rotation(servers: Sequence[str], k: int) -> list[str]:
     """Round ``k``'s order: rotated by k, so each server takes each place in turn."""
     n = len(servers)
