@@ -448,3 +448,30 @@ def test_a_long_request_about_to_miss_goes_first() -> None:
     batches, results = run(go())
     assert batches[1] == ["long"], batches
     assert not any(isinstance(r, Exception) for r in results), results
+
+
+def _long_then_shorts(target_ms: float | None) -> list[list[Any]]:
+    """A busy worker, then one long request (deadline 5 s; target ``target_ms`` from now) and three short ones."""
+
+    async def go() -> list[list[Any]]:
+        v, b = _started_bucket_batcher()
+        now = time.perf_counter_ns()
+        busy = b.submit(("busy", 100), now + ms(5000))
+        await asyncio.sleep(0.003)
+        target = None if target_ms is None else now + ms(target_ms)
+        long = b.submit(("long", 100), now + ms(5000), target_ns=target)
+        shorts = [b.submit((f"short{i}", 10), now + ms(5000)) for i in range(3)]
+        await asyncio.gather(busy, long, *shorts)
+        await b.stop()
+        return v.batches
+
+    return run(go())
+
+
+def test_the_order_protects_the_latency_target_not_only_the_deadline() -> None:
+    """With a 5-s deadline nothing is at risk, and shortest-first makes the long request wait for the shorts.
+    With a 60-ms target (start + SLO) it has less laxity than the short batch takes, so it goes first; with a
+    target it can no longer meet (20 ms: busy alone ends after it), it is not let ahead of the others."""
+    assert _long_then_shorts(None)[2] == ["long"]
+    assert _long_then_shorts(60)[1] == ["long"]
+    assert _long_then_shorts(20)[2] == ["long"]

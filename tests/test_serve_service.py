@@ -116,3 +116,46 @@ def test_a_bad_input_found_in_preprocessing_is_a_4xx_and_releases_its_reservatio
     err = asyncio.run(go())
     assert err.status == 400 and "at least one row" in str(err)
     assert svc.batchers[0]._reserved == 0 and svc.preprocessing == 0 and svc.in_flight == 0
+
+
+def test_requests_are_queued_with_start_plus_slo_as_their_target() -> None:
+    """order_by = "slo" (the default): the batcher is given each request's start + slo_ms as the target its
+    bucket order protects (its deadline if sooner); "deadline": the deadline alone."""
+
+    def targets(order_by: str, deadline_ms: float) -> list[tuple[int, int | None, int]]:
+        variant = FakeVariant("fp32", 0.001)
+        cfg = ServerConfig(
+            models=(
+                ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make", slo_ms=80, order_by=order_by),
+            )
+        )
+        svc = build_state(cfg, {"fake": [variant]}).services["fake"]
+        body = {**BODY, "parameters": {"deadline_ms": deadline_ms}}
+        req = protocol.parse_infer_request(json.dumps(body).encode(), "fake", None, svc.inputs)
+        batcher = svc.batchers[0]
+        seen: list[tuple[int, int | None, int]] = []
+        real_submit = batcher.submit
+
+        def spy(item: object, deadline_ns: int, fut: object = None, target_ns: int | None = None) -> object:
+            seen.append((deadline_ns, target_ns, start))
+            return real_submit(item, deadline_ns, fut, target_ns)  # type: ignore[arg-type]
+
+        batcher.submit = spy  # type: ignore[method-assign]
+        start = time.perf_counter_ns()
+
+        async def go() -> None:
+            await svc.start()
+            try:
+                await svc.infer(req, Timing(start))
+            finally:
+                await svc.stop()
+
+        asyncio.run(go())
+        return seen
+
+    (deadline, target, start), *_ = targets("slo", 5000)
+    assert deadline == start + 5000 * 10**6 and target == start + 80 * 10**6
+    (deadline, target, start), *_ = targets("slo", 50)  # a deadline sooner than the SLO is the target
+    assert target == deadline == start + 50 * 10**6
+    (deadline, target, start), *_ = targets("deadline", 5000)
+    assert target == deadline == start + 5000 * 10**6

@@ -100,6 +100,13 @@ class Job:
     enqueued_ns: int = field(compare=False)
     future: asyncio.Future[BatchOutcome] = field(compare=False)
     bucket: int = field(compare=False, default=0)
+    # when the request should be answered for the latency objective (start + SLO, at most the deadline): what
+    # the order of buckets protects (_pick). The deadline stays what fails a request.
+    target_ns: int = field(compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        if not self.target_ns:
+            self.target_ns = self.deadline_ns
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,10 +349,15 @@ class Batcher:
         self._reserved = max(0, self._reserved - 1)
 
     def submit(
-        self, item: Any, deadline_ns: int, fut: asyncio.Future[BatchOutcome] | None = None
+        self,
+        item: Any,
+        deadline_ns: int,
+        fut: asyncio.Future[BatchOutcome] | None = None,
+        target_ns: int | None = None,
     ) -> asyncio.Future[BatchOutcome]:
         """Queue ``item`` (its admission reservation becomes a queued job); the returned future (``fut`` if
-        given) gets its outcome."""
+        given) gets its outcome. ``target_ns``: when it should be answered to meet the latency objective (at
+        most ``deadline_ns``, which it defaults to); the order of buckets protects it (see _pick)."""
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
         self.unreserve()
@@ -359,7 +371,8 @@ class Batcher:
         q = self._queues.get(bucket)
         if q is None:
             q = self._queues[bucket] = []
-        heapq.heappush(q, Job(deadline_ns, next(self._seq), item, time.perf_counter_ns(), fut, bucket))
+        target = deadline_ns if target_ns is None else min(target_ns, deadline_ns)
+        heapq.heappush(q, Job(deadline_ns, next(self._seq), item, time.perf_counter_ns(), fut, bucket, target))
         self._queued += 1
         if self._on_depth is not None:
             self._on_depth(self._queued)
@@ -404,15 +417,23 @@ class Batcher:
 
     def _pick(self, now: int) -> int:
         """The bucket whose batch runs next: the shortest predicted batch, unless that would make another
-        bucket's most urgent request miss a deadline it can still meet if it goes now (then the one with the
+        bucket's most urgent request miss a target it can still meet if it goes now (then the one with the
         least laxity goes). Short requests do not queue behind long ones, and long ones still make their
-        deadlines while they can: the order that lowers a p99 when compute times are heavy-tailed."""
+        targets while they can: the order that lowers a p99 when compute times are heavy-tailed.
+
+        A request's target is its start + the SLO (or its deadline if sooner): with the deadline alone (30 s
+        by default) no long request would ever be at risk, and each would wait for every short one that
+        arrives meanwhile. A request that can no longer meet its target is not let ahead (it misses the
+        objective whatever the order; letting it ahead would make others miss too). The urgency of a bucket is
+        its earliest-deadline request's target."""
         queues = [(b, q) for b, q in self._queues.items() if q]
         if len(queues) == 1:
             return queues[0][0]
         cost = {b: self.predict(b, min(len(q), self.max_batch)) for b, q in queues}
         first = min(queues, key=lambda bq: (cost[bq[0]], bq[1][0].deadline_ns))[0]
-        laxity = {b: q[0].deadline_ns - now - int(cost[b] * 1e9) - self.margin_ns for b, q in queues}
+        laxity = {
+            b: (q[0].target_ns or q[0].deadline_ns) - now - int(cost[b] * 1e9) - self.margin_ns for b, q in queues
+        }
         at_risk = [b for b, _ in queues if b != first and 0 <= laxity[b] < cost[first] * 1e9]
         if at_risk:
             return min(at_risk, key=lambda b: laxity[b])

@@ -27,6 +27,8 @@ Example (``serve.toml``)::
                                 #   sleep (default: ORT's own, which spins through the gaps of a served load)
     admission_slack = "boundary"  # what admission adds to its prediction: boundary | off (serve/slack.py)
     direct_when_idle = false    # idle batcher: preprocess + compute on the compute thread, one hand-over
+    order_by = "slo"            # text buckets run shortest first, unless a request's start + slo_ms (or its
+                                #   deadline, if sooner) is at risk: "deadline" protects deadlines only
     cache_ttl_s = 60
     cache_entries = 10000
     [models.guard]              # optional overrides of GuardConfig
@@ -64,6 +66,9 @@ class ModelConfig:
     ort_spin_us: int | None = None  # ONNX Runtime variants: session.intra_op.spin_duration_us (None: ORT's)
     admission_slack: str = "boundary"  # "boundary" | "off" (serve/slack.py)
     direct_when_idle: bool = False  # an idle batcher preprocesses + computes a request in one hand-over
+    # what the order of text buckets protects: "slo" (each request's start + slo_ms, or its deadline if sooner)
+    # or "deadline" (the deadline only: with the 30-s default, plain shortest-first)
+    order_by: str = "slo"
     guard: dict[str, Any] = field(default_factory=dict)
     # "package.module:function": called as function(variant_names, max_batch_size, device) -> list of Variants,
     # for models that are not built in (e.g. an exported artifact wrapped in a Variant).
@@ -92,6 +97,8 @@ class ModelConfig:
             raise LatencyLabError(f"model {self.name!r}: ort_spin_us must be a whole number of microseconds >= 0")
         if not 0 < self.quantile < 1:
             raise LatencyLabError(f"model {self.name!r}: quantile must be a fraction, e.g. 0.99")
+        if self.order_by not in ("slo", "deadline"):
+            raise LatencyLabError(f"model {self.name!r}: order_by must be slo or deadline, got {self.order_by!r}")
         if self.admission_slack not in ("boundary", "off"):
             raise LatencyLabError(
                 f"model {self.name!r}: admission_slack must be boundary or off, got {self.admission_slack!r}"

@@ -329,7 +329,10 @@ class ModelService:
             if fut.done():  # the handler is gone (its client left, or its deadline passed): nothing to queue
                 batcher.unreserve()
                 return
-            batcher.submit(item, deadline_ns, fut)
+            target = deadline_ns
+            if self.cfg.order_by == "slo":  # the bucket order protects start + SLO (Batcher._pick)
+                target = min(deadline_ns, timing.start - timing.age_ns + int(self.cfg.slo_ms * 1e6))
+            batcher.submit(item, deadline_ns, fut, target)
 
         if self.pool is None:  # inline on the event loop: no thread hand-over (one core: nothing to overlap)
             try:
