@@ -1,11 +1,11 @@
-"""How much can scheduling alone buy on the text benchmark? Ideal capacities of five serving policies.
+"""How much can scheduling alone buy on the text benchmark? Ideal capacities of six serving policies.
 
 serve_vs_peers.py compares servers that all run the same ONNX file on the same 2 cores, where batching buys
 little (MiniLM's cost on ORT is nearly linear in tokens). What separates them is the order and the
 parallelism in which they run requests. This script measures, on this machine, what one forward costs
 alone (the fused FP32 export latencylab serves, batch 1, 1 and 2 ORT threads, spinning workers, lengths
 8-256, median of 15 calls) and then simulates Poisson arrivals of the shipped corpus's real token
-lengths through five policies, with those service times and nothing else (no HTTP, no tokeniser, no
+lengths through six policies, with those service times and nothing else (no HTTP, no tokeniser, no
 generator, no interference):
 
 * FIFO 1x2t: one queue, one forward at a time on 2 threads (latencylab with a long deadline, batches of 1);
@@ -14,6 +14,8 @@ generator, no interference):
 * SJF+SLO 1x2t: the same, unless a waiting request would miss arrive + SLO behind the shortest and can still
   make it by going now (latencylab's default, ``order_by = "slo"``);
 * FIFO 2x1t: two forwards at once on 1 thread each;
+* SJF+SLO 2x1t: latencylab's default order over two 1-thread compute workers (``compute_workers = 2``,
+  ``ort_threads = 1``);
 * PS 2t: processor sharing of one 2-thread engine among all requests in flight (the naive server: every
   request its own thread, concurrent ORT calls sharing the pool).
 
@@ -103,14 +105,18 @@ def sjf(arrive: np.ndarray, service: np.ndarray) -> np.ndarray:
     return done - arrive
 
 
-def sjf_slo(arrive: np.ndarray, service: np.ndarray, slo_ms: float) -> np.ndarray:
+def sjf_slo(arrive: np.ndarray, service: np.ndarray, slo_ms: float, servers: int = 1) -> np.ndarray:
     """Shortest first, unless a waiting request would miss arrive + SLO behind the shortest while it can still
-    make it if it goes now (then the least laxity goes): latencylab's Batcher._pick with order_by = "slo"."""
+    make it if it goes now (then the least laxity goes): latencylab's Batcher._pick with order_by = "slo",
+    on ``servers`` engines (compute workers) taking the next request as each frees."""
     done = np.empty_like(arrive)
+    free = [0.0] * servers
     waiting: list[int] = []
-    i, now, n = 0, 0.0, arrive.size
+    i, n = 0, arrive.size
     budget = slo_ms - OUTSIDE_MS
     while i < n or waiting:
+        k = min(range(servers), key=free.__getitem__)
+        now = free[k]
         if not waiting and arrive[i] > now:
             now = arrive[i]
         while i < n and arrive[i] <= now:
@@ -120,8 +126,8 @@ def sjf_slo(arrive: np.ndarray, service: np.ndarray, slo_ms: float) -> np.ndarra
         at_risk = [j for j in waiting if j != first and 0 <= arrive[j] + budget - now - service[j] < service[first]]
         j = min(at_risk, key=lambda j: arrive[j] + budget - now - service[j]) if at_risk else first
         waiting.remove(j)
-        now += service[j]
-        done[j] = now
+        free[k] = now + service[j]
+        done[j] = free[k]
     return done - arrive
 
 
@@ -186,9 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         "SJF 1x2t": sjf,
         "SJF+SLO 1x2t": lambda a, s: sjf_slo(a, s, args.slo_ms),
         "FIFO 2x1t": lambda a, s: fifo(a, s, 2),
+        "SJF+SLO 2x1t": lambda a, s: sjf_slo(a, s, args.slo_ms, servers=2),
         "PS 2t (naive)": processor_sharing,
     }
-    threads = {"FIFO 1x2t": 2, "SJF 1x2t": 2, "SJF+SLO 1x2t": 2, "FIFO 2x1t": 1, "PS 2t (naive)": 2}
+    threads = {"FIFO 1x2t": 2, "SJF 1x2t": 2, "SJF+SLO 1x2t": 2, "FIFO 2x1t": 1, "SJF+SLO 2x1t": 1, "PS 2t (naive)": 2}
     caps = {name: capacity(p, lengths, cost(threads[name]), args.slo_ms) for name, p in policies.items()}
     ps = caps["PS 2t (naive)"]
     print(f"\nideal capacity at p99 <= {args.slo_ms:g} ms (service times alone, Poisson, 3 x 30000 requests):")

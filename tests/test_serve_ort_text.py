@@ -133,6 +133,23 @@ def test_ort_spin_us_from_the_config_reaches_the_sessions(pair: tuple[TextVarian
         ModelConfig(name="text", ladder=("spin",), ort_spin_us=-1)
 
 
+def test_ort_threads_from_the_config_rebuild_the_session(pair: tuple[TextVariant, OrtTextVariant]) -> None:
+    """``ort_threads`` sets the session's intra-op threads whatever the variant was built with (the server's
+    --threads): two compute workers can then each run a 1-thread forward. Answers do not change."""
+    _, onnx = pair
+    v = ort_text_variant("t", "primary", onnx.tokenizer, path=onnx.path, threads=2, fuse=False)
+    item = v.preprocess(_request(["a sentence to embed, the same under any thread count"]))
+    before = v.postprocess(v.forward([item]), 1)[0][0].data
+    cfg = ServerConfig(models=(ModelConfig(name="text", ladder=("t",), ort_threads=1, compute_workers=2),))
+    build_state(cfg, {"text": [v]})
+    assert v.intra_op_threads == 1
+    assert v.session.get_session_options().intra_op_num_threads == 1
+    np.testing.assert_allclose(v.postprocess(v.forward([item]), 1)[0][0].data, before, atol=1e-5)
+    for bad in (0, True, 1.5):
+        with pytest.raises(LatencyLabError, match="ort_threads must be"):
+            ModelConfig(name="text", ladder=("t",), ort_threads=bad)  # type: ignore[arg-type]
+
+
 def test_served_end_to_end_by_the_app(pair: tuple[TextVariant, OrtTextVariant]) -> None:
     fp32, onnx = pair
     cfg = ServerConfig(models=(ModelConfig(name="text", ladder=("fp32-onnx",), max_batch_size=8),))

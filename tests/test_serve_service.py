@@ -119,8 +119,8 @@ def test_a_bad_input_found_in_preprocessing_is_a_4xx_and_releases_its_reservatio
 
 
 def test_requests_are_queued_with_start_plus_slo_as_their_target() -> None:
-    """order_by = "slo" (the default): the batcher is given each request's start + slo_ms as the target its
-    bucket order protects (its deadline if sooner); "deadline": the deadline alone."""
+    """order_by = "slo": the batcher is given each request's start + slo_ms as the target its bucket order
+    protects (its deadline if sooner); "deadline" (the default): the deadline alone."""
 
     def targets(order_by: str, deadline_ms: float) -> list[tuple[int, int | None, int]]:
         variant = FakeVariant("fp32", 0.001)

@@ -100,8 +100,8 @@ class Job:
     enqueued_ns: int = field(compare=False)
     future: asyncio.Future[BatchOutcome] = field(compare=False)
     bucket: int = field(compare=False, default=0)
-    # when the request should be answered for the latency objective (start + SLO, at most the deadline): what
-    # the order of buckets protects (_pick). The deadline stays what fails a request.
+    # when the request should be answered (its deadline, or start + SLO with order_by = "slo"): what the order
+    # of buckets protects (_pick). The deadline stays what fails a request.
     target_ns: int = field(compare=False, default=0)
 
     def __post_init__(self) -> None:
@@ -421,11 +421,11 @@ class Batcher:
         least laxity goes). Short requests do not queue behind long ones, and long ones still make their
         targets while they can: the order that lowers a p99 when compute times are heavy-tailed.
 
-        A request's target is its start + the SLO (or its deadline if sooner): with the deadline alone (30 s
-        by default) no long request would ever be at risk, and each would wait for every short one that
-        arrives meanwhile. A request that can no longer meet its target is not let ahead (it misses the
-        objective whatever the order; letting it ahead would make others miss too). The urgency of a bucket is
-        its earliest-deadline request's target."""
+        A request's target is its deadline unless ``submit`` was given a sooner one (the service's
+        ``order_by = "slo"``: start + SLO). With the deadline alone (30 s by default) no long request is ever at
+        risk, and each waits for every short one that arrives meanwhile. A request that can no longer meet its
+        target is not let ahead (it misses whatever the order; letting it ahead would make others miss too).
+        The urgency of a bucket is its earliest-deadline request's target."""
         queues = [(b, q) for b, q in self._queues.items() if q]
         if len(queues) == 1:
             return queues[0][0]

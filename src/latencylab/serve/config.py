@@ -23,12 +23,14 @@ Example (``serve.toml``)::
     compute_workers = 1         # batches computed at once per variant (with --threads 1: one core each)
     long_input_threads = 2      # optional (text): a batch whose longest input has >= long_input_tokens tokens
     long_input_tokens = 96      #   runs on this many intra-op threads (the others on --threads)
+    ort_threads = 1             # optional (ONNX Runtime variants): the session's intra-op threads (default:
+                                #   the server's --threads); with compute_workers = 2, two 1-thread forwards
     ort_spin_us = 3000          # optional (ONNX Runtime variants): idle intra-op threads spin this long, then
                                 #   sleep (default: ORT's own, which spins through the gaps of a served load)
     admission_slack = "boundary"  # what admission adds to its prediction: boundary | off (serve/slack.py)
     direct_when_idle = false    # idle batcher: preprocess + compute on the compute thread, one hand-over
-    order_by = "slo"            # text buckets run shortest first, unless a request's start + slo_ms (or its
-                                #   deadline, if sooner) is at risk: "deadline" protects deadlines only
+    order_by = "deadline"       # text buckets run shortest first, unless a request's deadline is at risk;
+                                #   "slo": unless its start + slo_ms (or its deadline, if sooner) is at risk
     cache_ttl_s = 60
     cache_entries = 10000
     [models.guard]              # optional overrides of GuardConfig
@@ -64,11 +66,12 @@ class ModelConfig:
     long_input_threads: int | None = None
     long_input_tokens: int = 96
     ort_spin_us: int | None = None  # ONNX Runtime variants: session.intra_op.spin_duration_us (None: ORT's)
+    ort_threads: int | None = None  # ONNX Runtime variants: the session's intra-op threads (None: --threads)
     admission_slack: str = "boundary"  # "boundary" | "off" (serve/slack.py)
     direct_when_idle: bool = False  # an idle batcher preprocesses + computes a request in one hand-over
-    # what the order of text buckets protects: "slo" (each request's start + slo_ms, or its deadline if sooner)
-    # or "deadline" (the deadline only: with the 30-s default, plain shortest-first)
-    order_by: str = "slo"
+    # what the order of text buckets protects: "deadline" (the deadline only: with the 30-s default, plain
+    # shortest-first) or "slo" (each request's start + slo_ms, or its deadline if sooner; measured worse here)
+    order_by: str = "deadline"
     guard: dict[str, Any] = field(default_factory=dict)
     # "package.module:function": called as function(variant_names, max_batch_size, device) -> list of Variants,
     # for models that are not built in (e.g. an exported artifact wrapped in a Variant).
@@ -95,6 +98,10 @@ class ModelConfig:
             isinstance(self.ort_spin_us, bool) or not isinstance(self.ort_spin_us, int) or self.ort_spin_us < 0
         ):
             raise LatencyLabError(f"model {self.name!r}: ort_spin_us must be a whole number of microseconds >= 0")
+        if self.ort_threads is not None and (
+            isinstance(self.ort_threads, bool) or not isinstance(self.ort_threads, int) or self.ort_threads < 1
+        ):
+            raise LatencyLabError(f"model {self.name!r}: ort_threads must be a whole number >= 1")
         if not 0 < self.quantile < 1:
             raise LatencyLabError(f"model {self.name!r}: quantile must be a fraction, e.g. 0.99")
         if self.order_by not in ("slo", "deadline"):

@@ -232,6 +232,16 @@ class OrtTextVariant(TextVariant):
             self._wide = _session(self.path, self._wide_threads, us)
 
     @property
+    def intra_op_threads(self) -> int:
+        """The session's intra-op thread count; setting it rebuilds the session (the config's ``ort_threads``)."""
+        return self.threads
+
+    @intra_op_threads.setter
+    def intra_op_threads(self, n: int) -> None:
+        self.threads = max(1, int(n))
+        self.session = _session(self.path, self.threads, self._spin_us)
+
+    @property
     def wide_threads(self) -> int | None:
         return self._wide_threads
 

@@ -88,6 +88,8 @@ class ModelService:
         self.caching = "cache" in self.ladder  # only a ladder with a cache rung stores answers
         self.compute_threads = compute_threads
         for v in self.variants:
+            if cfg.ort_threads is not None and hasattr(v, "intra_op_threads"):  # ONNX Runtime variants
+                setattr(v, "intra_op_threads", cfg.ort_threads)  # noqa: B010 (not in the Variant protocol)
             if cfg.ort_spin_us is not None and hasattr(v, "spin_us"):  # ONNX Runtime variants
                 setattr(v, "spin_us", cfg.ort_spin_us)  # noqa: B010 (not in the Variant protocol)
             # long inputs on more threads (variants that support it: text)
@@ -330,7 +332,7 @@ class ModelService:
                 batcher.unreserve()
                 return
             target = deadline_ns
-            if self.cfg.order_by == "slo":  # the bucket order protects start + SLO (Batcher._pick)
+            if self.cfg.order_by == "slo":  # the bucket order protects start + SLO too (Batcher._pick)
                 target = min(deadline_ns, timing.start - timing.age_ns + int(self.cfg.slo_ms * 1e6))
             batcher.submit(item, deadline_ns, fut, target)
 
