@@ -431,9 +431,7 @@ class Batcher:
             return queues[0][0]
         cost = {b: self.predict(b, min(len(q), self.max_batch)) for b, q in queues}
         first = min(queues, key=lambda bq: (cost[bq[0]], bq[1][0].deadline_ns))[0]
-        laxity = {
-            b: (q[0].target_ns or q[0].deadline_ns) - now - int(cost[b] * 1e9) - self.margin_ns for b, q in queues
-        }
+        laxity = {b: q[0].target_ns - now - int(cost[b] * 1e9) - self.margin_ns for b, q in queues}
         at_risk = [b for b, _ in queues if b != first and 0 <= laxity[b] < cost[first] * 1e9]
         if at_risk:
             return min(at_risk, key=lambda b: laxity[b])
