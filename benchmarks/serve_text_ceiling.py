@@ -9,13 +9,12 @@ lengths through six policies, with those service times and nothing else (no HTTP
 generator, no interference):
 
 * FIFO 1x2t: one queue, one forward at a time on 2 threads (latencylab with a long deadline, batches of 1);
-* SJF 1x2t: the shortest waiting request next, non-preemptive (latencylab's shortest-bucket-first order, with
-  ``order_by = "deadline"`` and the 30-s default deadline);
+* SJF 1x2t: the shortest waiting request next, non-preemptive (latencylab's default shortest-bucket-first
+  order: ``order_by = "deadline"`` with the 30-s default deadline);
 * SJF+SLO 1x2t: the same, unless a waiting request would miss arrive + SLO behind the shortest and can still
-  make it by going now (latencylab's default, ``order_by = "slo"``);
+  make it by going now (latencylab's opt-in ``order_by = "slo"``);
 * FIFO 2x1t: two forwards at once on 1 thread each;
-* SJF+SLO 2x1t: latencylab's default order over two 1-thread compute workers (``compute_workers = 2``,
-  ``ort_threads = 1``);
+* SJF+SLO 2x1t: that order over two 1-thread compute workers (``compute_workers = 2``, ``ort_threads = 1``);
 * PS 2t: processor sharing of one 2-thread engine among all requests in flight (the naive server: every
   request its own thread, concurrent ORT calls sharing the pool).
 

@@ -897,7 +897,7 @@ def report(
         s = v["rep"]["at_capacity"] or {}
         ratio, bound = capacity_ratio(v["capacity"], best_peer[1], peer_lowest) if best_peer else (None, False)
         rounds = " ".join(f"{c:.1f}" for c in v["rounds"])
-        shown_ratio = ("> " if bound else "") + fmt(ratio, ".2f") + "x"
+        shown_ratio = "-" if ratio is None else show_ratio(ratio, bound)
         print(
             f"{name:<11} {v['capacity']:>8.1f}/s {rounds:>17} {fmt(s.get('p50_ms')):>7} {fmt(s.get('p99_ms')):>7} "
             f"{shown_ratio:>13} {fmt(v['rep'].get('min_cosine'), '.5f'):>8}  {where_time_goes(v['rep'])}"
