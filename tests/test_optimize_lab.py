@@ -17,9 +17,16 @@ def test_lab_reports_every_candidate_and_keeps_the_baseline_when_nothing_wins(tm
     cfg = LabConfig(workload="vision", families=("torch",), only=("torch-prune-magnitude-50", "torch-bf16"), rounds=2)
     doc = run_lab(cfg, tmp_path / "out", workdir=tmp_path / "work")
     status = {c["name"]: c["status"] for c in doc["candidates"]}
-    assert status == {"torch-fp32": "baseline", "torch-prune-magnitude-50": "outside-budget", "torch-bf16": "skipped"}
+    from latencylab.env import fingerprint
+    from latencylab.optimize.families.torch import _native_bf16
+
+    native = _native_bf16(frozenset(fingerprint(sample_s=0.0).get("cpu", {}).get("isa") or ()))
+    # BF16 runs only where the CPU has it natively (else skipped with the reason); the digits CNN keeps its accuracy
+    assert status == {"torch-fp32": "baseline", "torch-prune-magnitude-50": "outside-budget",
+                      "torch-bf16": "inside-budget" if native else "skipped"}  # fmt: skip
     s = doc["summary"]
-    assert s["chosen"] is None and s["verdict"].startswith("no improvement found")
+    if not native:
+        assert s["chosen"] is None and s["verdict"].startswith("no improvement found")
     assert s["baseline"]["accuracy"] > 0.99 and s["budget"] == "accuracy_drop<=1%"
     assert not (tmp_path / "out" / "recipe.json").exists()  # nothing to reproduce
     json.dumps(doc)  # the whole document is JSON
@@ -33,7 +40,7 @@ def test_chosen_variant_is_exported_with_a_recipe_that_reproduces_it(tmp_path: P
     doc = run_lab(cfg, tmp_path / "out", workdir=tmp_path / "work")
     if doc["summary"]["chosen"] is None:  # on a noisy machine the 1.2-1.4x gain can drown; then say so
         pytest.skip(f"torch.compile was not significantly faster this time: {doc['summary']['verdict']}")
-    assert doc["summary"]["chosen"]["name"] == "torch-compile" and doc["summary"]["speedup_p50"] > 1
+    assert doc["summary"]["chosen"]["name"] == "torch-compile" and doc["summary"]["speedup"] > 1
     model = torch.jit.load(doc["artifact"])
     from latencylab.optimize.adapters import VisionAdapter
 

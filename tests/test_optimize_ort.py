@@ -72,7 +72,7 @@ def vision(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BuildCont
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory: pytest.TempPathFactory) -> tuple[BuildContext, np.ndarray]:
-    adapter: Any = TextAdapter(seq_len=32, n_heldout=6, n_calib=6)
+    adapter: Any = TextAdapter(seq_len=32, n_heldout=6, n_calib=6, padding="max_length", n_passages=2)
     ctx = BuildContext(adapter=adapter, workdir=tmp_path_factory.mktemp("ort-text"), threads=1)
     return ctx, _torch_outputs(adapter, adapter.heldout())
 
@@ -370,3 +370,35 @@ def test_exact_shape_policy_matches_the_padded_run(text: tuple[BuildContext, np.
     q = _run(_build(cands["ort-int8-dynamic-perchannel-exact"], ctx), feeds)
     assert cos(q, torch_ref).mean() >= 0.98, cos(q, torch_ref)
     assert cands["ort-int8-dynamic-perchannel-exact"].params["shape_policy"] == "exact"
+
+
+def test_torch_and_onnx_runtime_see_the_same_tokens_under_one_shape_policy(
+    text: tuple[BuildContext, np.ndarray],
+) -> None:
+    """The shape policy is applied by every runner the same way: equal work, counted from what each ran."""
+    from latencylab.optimize.families import torch as tfam
+
+    ctx, _ = text
+    feeds = ctx.all_feeds()
+    torch_cands = {c.name: c for c in tfam.candidates(ctx)}
+    ort_cands = _by_name(ctx)
+    seen = {}
+    for name, cand in [*[(n, torch_cands[n]) for n in ("torch-fp32", "torch-fp32-exact")],
+                       *[(n, ort_cands[n]) for n in ("ort-fp32", "ort-fp32-exact")]]:  # fmt: skip
+        assert cand.skip_reason(ctx) is None, name
+        runner = cand.build(ctx)
+        _run(runner, feeds)
+        seen[name] = list(runner.tokens.seq_lens)  # type: ignore[attr-defined]
+    real = [int(f["attention_mask"].sum(axis=1).max()) for f in feeds]
+    assert seen["torch-fp32"] == seen["ort-fp32"] == [32] * len(feeds)  # as given: padded to 32
+    assert seen["torch-fp32-exact"] == seen["ort-fp32-exact"] == real  # exact: each input's real length
+    assert min(real) < 32  # the sentences are padded, the passages are not
+    assert ort_cands["ort-fp32-exact"].input_policy == torch_cands["torch-fp32-exact"].input_policy == "exact"
+
+
+def test_exact_is_skipped_with_its_reason_when_the_inputs_carry_no_padding(tmp_path: Path) -> None:
+    natural: Any = TextAdapter(seq_len=32, n_heldout=4, n_calib=2, n_passages=2)  # padding="longest"
+    ctx = BuildContext(adapter=natural, workdir=tmp_path, threads=1)
+    assert all(f["attention_mask"].all() for f in ctx.all_feeds())  # batch 1, natural lengths: no padding
+    why = _by_name(ctx)["ort-fp32-exact"].skip_reason(ctx)
+    assert why is not None and "no padding" in why

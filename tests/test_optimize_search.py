@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from latencylab.errors import LatencyLabError
-from latencylab.optimize.search import Budget, fidelity, pareto_front, search
+from latencylab.optimize.search import TIME_CAP_REASON, Budget, fidelity, pareto_front, search
 from latencylab.optimize.types import BuildContext, Candidate, Feed
 
 
@@ -138,7 +138,7 @@ def test_never_picks_a_variant_slower_than_the_baseline(tmp_path: Path) -> None:
 def test_time_budget_skips_the_rest(tmp_path: Path) -> None:
     res = search(ctx(tmp_path), [cand("base", 0.2), cand("a", 0.1), cand("b", 0.1)], Budget.parse("cos>=0.9"),
                  rounds=2, per_round=2, time_budget_s=0.0)  # fmt: skip
-    assert res.by_name("a").status == "skipped" and res.by_name("a").reason == "time budget spent"
+    assert res.by_name("a").status == "skipped" and res.by_name("a").reason == TIME_CAP_REASON
 
 
 def test_pareto_front() -> None:

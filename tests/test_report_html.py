@@ -231,3 +231,141 @@ def test_load_input_checks_kind_and_keys(tmp_path: Path) -> None:
     p.write_text(json.dumps({"kind": "profile", "schema_version": 7, "stages": [], "iteration_start_ns": []}))
     with pytest.raises(LatencyLabError, match="schema_version 7"):
         load_input(p)
+
+
+# ------------------------------------------------------------------------------------------ optimize: 46 candidates
+
+
+def optimize_doc(split: bool = True) -> dict[str, Any]:
+    """A realistic text optimize result (46 candidates: torch, ONNX Runtime, OpenVINO; p50 3-40 ms, cos
+    0.85-1.0), its Pareto front computed by the search's own function, the speed-up split in the summary."""
+    from latencylab.optimize.search import pareto_front
+
+    rng = np.random.default_rng(7)
+    specs: list[tuple[str, str, float, float]] = [  # name, backend, p50 ms, 1 - cos
+        ("torch-fp32", "torch", 38.0, 0.0), ("torch-bf16", "torch", 39.5, 2e-4), ("torch-compile", "torch", 30.0, 1e-7),
+        ("torch-int8-dynamic", "torch", 21.0, 4e-3), ("torch-prune-magnitude-30", "torch", 33.0, 0.04),
+        ("torch-prune-magnitude-50", "torch", 29.0, 0.15), ("ort-fp32", "onnxruntime", 24.0, 2e-7),
+        ("ort-fp32-opt-all", "onnxruntime", 20.0, 3e-7), ("ov-fp32", "openvino", 19.0, 4e-7),
+        ("ov-int8-nncf-mixed", "openvino", 9.5, 6e-3), ("ov-int8-nncf-performance", "openvino", 8.2, 0.018),
+    ]  # fmt: skip
+    for mode in ("default", "perchannel", "reduce-range"):
+        specs.append(
+            (f"ort-int8-dynamic-{mode}", "onnxruntime", 13.0 + rng.uniform(-1.5, 1.5), 10 ** rng.uniform(-3, -2.3))
+        )
+    for k in range(1, 5):
+        specs.append(
+            (f"ort-int8-dynamic-perchannel-fallback-k{k}", "onnxruntime", 13.5 + k * 0.9, 10 ** (-2.5 - 0.3 * k))
+        )
+    for method in ("minmax", "entropy", "percentile"):
+        for pc in ("", "-perchannel"):
+            specs.append(
+                (
+                    f"ort-int8-static-{method}{pc}",
+                    "onnxruntime",
+                    10.5 + rng.uniform(-1, 1),
+                    10 ** rng.uniform(-2.2, -1.2),
+                )
+            )
+    for b in (4, 8, 16):
+        specs.append((f"ort-fp16-blocks-{b}", "onnxruntime", 26.0 + rng.uniform(-2, 2), 10 ** rng.uniform(-5, -4)))
+    base = list(specs)
+    for name, backend, p50, loss in base:  # shape policy "exact": the same model on the real tokens only
+        if len(specs) < 45 and name != "torch-fp32":
+            specs.append((f"{name}-exact", backend, p50 * 0.22 + rng.uniform(0.2, 0.6), loss * rng.uniform(0.8, 1.3)))
+    specs.append(("torch-fp32-exact", "torch", 9.0, 0.0))
+    assert len(specs) == 46, len(specs)
+    cands = []
+    for name, backend, p50, loss in specs:
+        cos = 1.0 - loss
+        inside = cos >= 0.99 and cos - 3 * loss >= 0.98
+        status = "baseline" if name == "torch-fp32" else ("inside-budget" if inside else "outside-budget")
+        cands.append({
+            "name": name, "backend": backend, "status": status, "params": {},
+            "reason": "inside budget" if inside else f"cos {cos:.4f} < 0.99",
+            "fidelity": {"n": 64, "cos_mean": cos, "cos_min": cos - 3 * loss, "max_abs": loss, "top1": 1.0,
+                         "accuracy": None, "reference_accuracy": None},
+            "p50_ms": p50, "p50_ci_ms": [p50 * 0.97, p50 * 1.04], "p99_ms": p50 * 1.3, "speedup_p50": 38.0 / p50,
+        })  # fmt: skip
+    cands.append({"name": "tvm-fp32", "backend": "tvm", "status": "skipped", "reason": "tvm is not installed",
+                  "params": {}, "fidelity": None, "p50_ms": None})  # fmt: skip
+    ok = [c for c in cands if c["status"] in ("baseline", "inside-budget")]
+    front = pareto_front([(c["name"], c["p50_ms"], c["fidelity"]["cos_mean"]) for c in ok])
+    chosen = min((c for c in ok if c["status"] == "inside-budget"), key=lambda c: c["p50_ms"])
+    summary: dict[str, Any] = {
+        "budget": "cos>=0.99,min_cos>=0.98",
+        "verdict": f"chosen {chosen['name']}: {38.0 / chosen['p50_ms']:.2f}x faster than torch-fp32 (p50)",
+        "baseline": {"name": "torch-fp32", "p50_ms": 38.0},
+        "chosen": {"name": chosen["name"], "p50_ms": chosen["p50_ms"]},
+        "pareto": list(front), "speedup_p50": 38.0 / chosen["p50_ms"],
+    }  # fmt: skip
+    if split:
+        summary.update(speedup=3.4, pipeline_speedup=1.6, total_speedup=5.44,
+                       speedup_by_set={"sentences": 3.4, "passages128": 2.1},
+                       baseline_inputs="torch-fp32 eager, padded to 128 tokens, 1 thread, batch 1")  # fmt: skip
+    return {
+        "schema_version": 1, "kind": "optimize", "created_at": "2026-01-01T00:00:00+00:00",
+        "config": {"workload": "text", "threads": 1},
+        "model": {"model": "sentence-transformers/all-MiniLM-L6-v2", "seq_len": 128, "batch_size": 1},
+        "summary": summary, "candidates": cands,
+    }  # fmt: skip
+
+
+def test_optimize_plot_names_only_the_front_and_the_choice() -> None:
+    from matplotlib.colors import to_hex
+
+    from latencylab.report import figures
+
+    doc = optimize_doc()
+    s = doc["summary"]
+    assert len(doc["candidates"]) == 47 and 3 <= len(s["pareto"]) < 15
+    fig, named = figures.pareto_figure(doc)
+    assert set(named) == set(s["pareto"]) | {s["chosen"]["name"]}
+    (ax,) = fig.axes
+    texts = [t.get_text() for t in ax.texts]
+    names = {c["name"] for c in doc["candidates"]}
+    assert sorted(t for t in texts if t in names) == sorted(named)  # no other candidate is named on the plot
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    frame = ax.get_window_extent(renderer)
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    for i, a in enumerate(boxes):  # every label readable: inside the axes, overlapping no other label
+        assert frame.x0 - 1 <= a.x0 and a.x1 <= frame.x1 + 1 and frame.y0 - 1 <= a.y0 and a.y1 <= frame.y1 + 1
+        assert not any(a.overlaps(b) for b in boxes[i + 1 :]), texts[i]
+    # fidelity as a loss on a log axis, up = closer to FP32: cos 0.999 stands a decade above cos 0.99
+    assert ax.get_yscale() == "log" and ax.get_xscale() == "log" and ax.yaxis_inverted()
+    y99, y999 = (ax.transData.transform((10.0, v))[1] for v in (0.01, 0.001))
+    assert y999 - y99 > 60
+    budget = [ln for ln in ax.lines if list(ln.get_ydata()) == [0.01, 0.01]]
+    assert budget and to_hex(budget[0].get_color()) == figures.DEADLINE
+    assert any("budget cos>=0.99" in t and "1 - cos <= 0.01" in t for t in texts)
+    assert figures.pareto_front(doc).startswith("data:image/png;base64,")
+
+
+def test_optimize_headline_splits_the_speedup() -> None:
+    from latencylab.report.html import ReportInput, render_report
+
+    def section(doc: dict[str, Any]) -> str:
+        html = render_report(ReportInput(results=(LoadedResult("opt.json", "optimize", doc),), findings=()))
+        return html.split('<section id="optimize">', 1)[1].split("</section>", 1)[0]
+
+    text = section(optimize_doc())
+    assert 'model, at equal work (the baseline&#x27;s inputs)</td><td class="num"><b>3.40x</b>' in text
+    assert 'pipeline (a shape policy changed the inputs)</td><td class="num">1.60x' in text
+    assert 'total (model x pipeline)</td><td class="num"><b>5.44x</b>' in text
+    assert (
+        '<i>sentences</i></td><td class="num">3.40x' in text and '<i>passages128</i></td><td class="num">2.10x' in text
+    )
+    assert "baseline: torch-fp32 eager, padded to 128 tokens, 1 thread, batch 1" in text
+    # the table lists every candidate by p50, as the plot's x axis runs; unmeasured ones last
+    p50s = [float(m) for m in re.findall(r'<td class="num">([0-9.]+) \[', text)]
+    assert len(p50s) == 46 and p50s == sorted(p50s) and text.rindex("tvm-fp32") > text.rindex("torch-bf16")
+    assert '<th class="num">1 - cos</th>' in text
+    # no shape policy changed the inputs: the pipeline row says so rather than showing a number
+    doc = optimize_doc()
+    doc["summary"].update(pipeline_speedup=None, total_speedup=3.4)
+    assert "none: the inputs as the baseline ran them" in section(doc)
+    # an older result: only speedup_p50, rendered under its own definition, no split rows
+    old = optimize_doc(split=False)
+    text = section(old)
+    assert f'baseline p50 / chosen p50</td><td class="num"><b>{old["summary"]["speedup_p50"]:.2f}x</b>' in text
+    assert "pipeline" not in text and "equal work" not in text

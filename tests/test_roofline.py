@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,6 +120,29 @@ def test_place_compute_bound_point_and_levers() -> None:
     assert slow.lever == "fusion"
     with pytest.raises(ValueError):
         place("x", "fp32", 0.0, 1e8, 1.0, 100.0, 20.0)
+
+
+def test_a_share_above_the_roof_is_a_measurement_error_not_a_figure() -> None:
+    # 1 GFLOP in 10 ms = 100 GFLOP/s: at a 100 GFLOP/s roof that is 100%, within the 5% tolerance at 97 ...
+    ok = place("x", "fp32", 1e9, 1e7, 0.010, 97.0, 20.0)
+    assert ok.pct_of_attainable == pytest.approx(100 / 97) and ok.valid and ok.share_text() == "103%"
+    # ... and at a 29.07 GFLOP/s roof it is 344%: no run can do that, so it is flagged, never shown as 344%
+    bad = place("x", "fp32", 1e9, 1e7, 0.010, 100 / 3.44, 20.0)
+    assert bad.pct_of_attainable == pytest.approx(3.44) and not bad.valid
+    assert "344%" not in bad.share_text() and "3.44x" in bad.share_text() and "measurement error" in bad.share_text()
+    assert bad.lever == "none" and "above the roof" in bad.lever_reason
+    assert rmodel.RooflinePoint.from_dict(bad.to_dict()) == bad and bad.to_dict()["valid"] is False
+    assert rmodel.share_text(rmodel.MAX_SHARE) == "105%" and "invalid" in rmodel.share_text(rmodel.MAX_SHARE + 0.01)
+
+    from latencylab.roofline.api import point_finding
+
+    f = point_finding(bad)
+    assert "measurement error" in f.title and "%" not in f.title and f.severity == "warning"
+    share = next(e for e in f.evidence if e.label == "share of attainable")
+    assert isinstance(share.value, str) and "344%" not in share.value
+    assert not any(e.label == "share of theoretical peak" for e in f.evidence)
+    good = point_finding(place("x", "fp32", 1e10, 1e8, 0.125, 100.0, 20.0))
+    assert "= 80% of the attainable 100.0" in good.title
 
 
 def test_variant_dtype_from_params_and_names() -> None:
@@ -275,3 +300,145 @@ def test_place_optimize_result_and_rule(peaks: object, monkeypatch: pytest.Monke
     assert found[0].details["points"][0]["name"] == "torch-fp32"
     onnx = {**doc, "config": {"workload": "onnx:model.onnx"}}
     assert rule_mod.rule([LoadedResult("o.json", "optimize", onnx)]) == []
+
+
+# ------------------------------------------------------------------------------------------ work each variant did
+
+
+def _fake_peaks() -> Any:
+    from latencylab.roofline.peaks import BandwidthPeak, ComputePeak, Peaks
+
+    compute = (ComputePeak("fp32", 1, "matmul", 100.0), ComputePeak("int8", 1, "ort.MatMulInteger", 200.0))
+    return Peaks("k", {}, compute, (BandwidthPeak(1, "triad", 20.0, 128),), None, "2026-01-01T00:00:00", 0.0)
+
+
+def _fake_work_at(calls: list[tuple[int, int]]) -> Any:
+    """A transformer-like count: linear in the positions plus an attention term in the length squared."""
+    from latencylab.roofline.flops import Work
+
+    def at(batch: int, seq: int) -> Work:
+        calls.append((batch, seq))
+        return Work(batch * (2e7 * seq + 4e4 * seq * seq), 1_000_000, 1_000 * batch * seq, 50_000 * batch * seq)
+
+    return at
+
+
+LENS = [12, 20, 20, 36]  # natural lengths of the primary set's calls: 22 positions per call on average
+
+
+def _text_doc(with_stats: bool = True) -> dict[str, Any]:
+    padded = {"tokens_per_call": 128.0, "seq_lens": [128] * len(LENS)}
+    exact = {"tokens_per_call": sum(LENS) / len(LENS), "seq_lens": LENS}
+    cands: list[dict[str, Any]] = [
+        {"name": "torch-fp32", "params": {"dtype": "float32"}, "p50_ms": 40.0, "stats": padded},
+        {"name": "torch-fp32-exact", "params": {"dtype": "float32"}, "p50_ms": 8.0, "stats": exact},
+        {"name": "ort-int8-dynamic-exact", "params": {"quantization": {"mode": "dynamic"}}, "p50_ms": 5.0,
+         "stats": exact},
+        {"name": "torch-bf16", "params": {"dtype": "bfloat16"}, "p50_ms": None, "status": "skipped"},
+    ]  # fmt: skip
+    if not with_stats:
+        for c in cands:
+            c.pop("stats", None)
+    return {
+        "kind": "optimize",
+        "config": {"workload": "text", "threads": 1},
+        "model": {"seq_len": 128, "batch_size": 1, "padding": "max_length"},
+        "summary": {"chosen": {"name": "ort-int8-dynamic-exact"}},
+        "candidates": cands,
+    }
+
+
+def test_each_variant_is_credited_with_the_work_it_did() -> None:
+    from latencylab.roofline import api
+    from latencylab.roofline.peaks import Peaks
+
+    peaks = _fake_peaks()
+    assert isinstance(peaks, Peaks)
+    calls: list[tuple[int, int]] = []
+    at = _fake_work_at(calls)
+    points = {p.name: p for p in api.place_optimize_result(_text_doc(), peaks=peaks, work_at=at)}
+    assert set(points) == {"torch-fp32", "torch-fp32-exact", "ort-int8-dynamic-exact"}
+    flops = {n: 2e7 * n + 4e4 * n * n for n in {22, 128, *LENS}}
+    assert points["torch-fp32"].flops == pytest.approx(flops[128])  # the padded variant ran every position
+    # the exact-shape variant: the mean over its calls of the work at each call's length (20 counts twice),
+    # not the work at the mean length (attention is superlinear) and not the 128 padded positions
+    exact = sum(flops[n] for n in LENS) / len(LENS)
+    assert points["torch-fp32-exact"].flops == pytest.approx(exact)
+    assert exact != pytest.approx(flops[22]) and exact < flops[128] / 5
+    assert points["torch-fp32-exact"].achieved_gflops == pytest.approx(exact / 0.008 / 1e9)
+    assert sorted(set(calls)) == [(1, n) for n in sorted({128, *LENS})]  # each distinct length counted
+    assert len(calls) == 1 + 3 + 3  # once per distinct length per variant (shape_counter caches across them)
+    # credited with real work the exact variants stay under their roofs; the padded one is told to trim
+    assert all(p.valid for p in points.values()), [(p.name, p.pct_of_attainable) for p in points.values()]
+    assert (
+        points["torch-fp32"].lever == "less padding"
+        and "83% of the input positions" in points["torch-fp32"].lever_reason
+    )
+    assert points["torch-fp32-exact"].lever != "less padding"
+    # batch 4 x natural lengths: the batch is tokens per call / mean length
+    doc4 = _text_doc()
+    doc4["candidates"] = [{**c, "stats": {"tokens_per_call": 88.0, "seq_lens": LENS}} for c in doc4["candidates"][1:2]]
+    calls.clear()
+    api.place_optimize_result(doc4, peaks=peaks, work_at=at)
+    assert sorted(set(calls)) == [(4, n) for n in sorted(set(LENS))]
+
+
+def test_old_documents_fall_back_and_an_over_the_roof_credit_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    from latencylab.diagnose.rules import roofline as rule_mod
+    from latencylab.report.html import ReportInput, render_report
+    from latencylab.roofline import api
+    from latencylab.roofline.peaks import Peaks
+
+    peaks = _fake_peaks()
+    assert isinstance(peaks, Peaks)
+    at = _fake_work_at([])
+    padded = at(1, 128)
+    old = _text_doc(with_stats=False)
+    counted: list[tuple[str, int, object]] = []
+
+    def counting(w: str, b: int, s: object) -> Any:
+        counted.append((w, b, s))
+        return padded
+
+    monkeypatch.setattr(api, "workload_work", counting)
+    points = {p.name: p for p in api.place_optimize_result(old, peaks=peaks, work_at=at)}
+    assert counted == [("text", 1, 128)]  # no stats: the document's shape for every variant, as before
+    assert {p.flops for p in points.values()} == {padded.flops}
+    # 128 padded positions credited to a variant that ran ~22: the int8 one "achieves" 3.2 TOP/s of a 200 roof
+    bad = points["ort-int8-dynamic-exact"]
+    assert bad.pct_of_attainable > 3 and not bad.valid
+    monkeypatch.setattr(api, "place_optimize_result", lambda d: list(points.values()))
+    (f,) = rule_mod.rule([LoadedResult("optimize-text.json", "optimize", old)])
+    assert f.severity == "warning" and "measurement error" in f.title
+    assert re.search(r"\d{3,}%", f.title) is None, f.title  # never "1612% of its attainable"
+    assert "chosen ort-int8-dynamic-exact measures above its roof" in f.title
+    assert "2 of 3 variants above their roof" in f.title  # torch-fp32-exact too (5x the work it did)
+    values = [e.value for e in f.evidence]
+    assert isinstance(values[0], float) and all(isinstance(v, str) and "measurement error" in v for v in values[1:])
+    body = render_report(ReportInput(results=(), findings=(f,))).split("<body>", 1)[1]
+    assert "measurement error" in body and re.search(r"\d{3,}%", body) is None
+    # the same document with the work each variant did: every share is a valid figure again
+    monkeypatch.undo()
+    good = api.place_optimize_result(_text_doc(), peaks=peaks, work_at=at)
+    monkeypatch.setattr(api, "place_optimize_result", lambda d: good)
+    (g,) = rule_mod.rule([LoadedResult("optimize-text.json", "optimize", _text_doc())])
+    assert "measurement error" not in g.title and re.search(r"= \d{1,3}% of its attainable", g.title), g.title
+    assert g.title.startswith("text optimize variants on the roofline: chosen ort-int8-dynamic-exact at ")
+
+
+def test_shape_counter_counts_the_text_model_once_per_length() -> None:
+    pytest.importorskip("transformers")
+    from latencylab.roofline import api
+
+    try:
+        at = api.shape_counter("text")
+        w16, w32 = at(1, 16), at(1, 32)
+    except OSError as exc:  # the model is not in the local cache (offline)
+        pytest.skip(f"MiniLM not available: {exc}")
+    assert at(1, 16) is w16  # cached: counted once
+    # 6 layers x (4 projections of 384 x 384, 2 of 384 x 1536) = 21.2M MACs per token, plus attention's
+    # 2 x 6 x L x L x 384 MACs: twice the tokens is more than twice the work
+    per_token = 6 * (4 * 384 * 384 + 2 * 384 * 1536) * 2
+    assert w16.flops == pytest.approx(16 * per_token + 2 * 6 * 16 * 16 * 384 * 2, rel=0.02)
+    assert 2 * w16.flops < w32.flops < 2.1 * w16.flops
+    assert w16.linear_weight_elems == w32.linear_weight_elems  # the same weights read at any length

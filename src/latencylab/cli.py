@@ -143,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="Open Inference Protocol server with batching and an SLO ladder")
     sv.add_argument("--config", help="TOML model repository config (see docs/serve.md)")
     sv.add_argument("--model", choices=["text", "vision"], help="serve one built-in model with its default ladder")
+    sv.add_argument(
+        "--from",
+        dest="from_dir",
+        metavar="DIR",
+        help="serve what `latencylab optimize --out DIR` found, with the ladder its search describes",
+    )
     sv.add_argument("--host", help="bind address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")
     sv.add_argument("--slo-ms", type=_positive_float, help="P99 objective of the guard (default 100)")
@@ -163,14 +169,20 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--model", help="optimize a user's ONNX file instead (ONNX Runtime candidates)")
     op.add_argument("--inputs", help="an .npz of inputs for --model (default: generated from declared shapes)")
     op.add_argument("--pipeline", metavar="MOD:FN", help="a factory returning a ModelAdapter (optimize/types.py)")
-    op.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="--model: e.g. dim.seq=64")
+    op.add_argument(
+        "--param", action="append", default=[], metavar="KEY=VALUE",
+        help="--model: e.g. dim.seq=64; text: padding=longest|max_length (the inputs your pipeline runs)",
+    )  # fmt: skip
     op.add_argument("--budget", help='fidelity budget, e.g. "cos>=0.99,min_cos>=0.98" or "accuracy_drop<=1%%"')
     op.add_argument("--threads", type=_positive_int, default=1, help="intra-op threads for every variant")
     op.add_argument("--time-budget", type=_positive_float, default=600.0, help="seconds; later candidates skip")
     op.add_argument("--families", default="torch,onnxruntime", help="candidate families to try")
     op.add_argument("--only", help="comma-separated candidate names (besides the baseline)")
     op.add_argument("--rounds", type=_positive_int, default=10, help="interleaved timing rounds")
-    op.add_argument("--seq-len", type=int, default=128, help="text: tokens per input (0 = each input's own)")
+    op.add_argument(
+        "--seq-len", type=int, default=128,
+        help="text: the length of padding=max_length and of the passages input set (0 = no passages)",
+    )  # fmt: skip
     op.add_argument("--batch-size", type=_positive_int, default=1)
     op.add_argument("--out", help="directory for the chosen artifact and recipe.json")
     op.add_argument("--recipe", help="re-apply a recipe.json and measure it again")

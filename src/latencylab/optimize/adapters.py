@@ -15,20 +15,45 @@ from latencylab.optimize.types import Feed
 class TextAdapter:
     """all-MiniLM-L6-v2 with mean pooling + L2 normalisation inside the model (output: (B, 384) embeddings).
 
-    Feeds are single sentences from the shipped corpus tokenised to a fixed ``seq_len`` (padded /
-    truncated: the issue's "batch 1, sequence 128" setting) or, with ``seq_len=None``, to their own
-    length. Held-out: corpus lines whose index is not a multiple of 5; calibration: the multiples of 5.
+    Two held-out input sets (:meth:`input_sets`), both reported, and a variant is inside the budget only if
+    it is inside on both:
+
+    * ``sentences``: the corpus's held-out lines tokenised as the user's pipeline declares (``padding``):
+      ``"longest"`` (the default, the tokenizer's and the text workload's own: pad to the longest in the
+      batch, so a single sentence is not padded at all) or ``"max_length"`` (every input padded to
+      ``seq_len``: a declared pipeline whose padding a shape policy may then trim, reported as a pipeline
+      gain);
+    * ``passages{seq_len}``: passages of exactly ``seq_len`` real tokens (consecutive held-out lines joined,
+      then truncated), no padding at all: the "batch 1, sequence 128" of a long input.
+
+    Held-out: corpus lines whose index is not a multiple of 5; calibration: the multiples of 5 (tokenised
+    like ``sentences``).
     """
 
     name = "text"
     input_names: tuple[str, ...] = ("input_ids", "attention_mask")
     output_kind = "embedding"
+    PADDINGS = ("longest", "max_length")
 
-    def __init__(self, seq_len: int | None = 128, batch_size: int = 1, n_heldout: int = 64, n_calib: int = 32) -> None:
+    def __init__(
+        self,
+        seq_len: int | None = 128,
+        batch_size: int = 1,
+        n_heldout: int = 64,
+        n_calib: int = 32,
+        padding: str = "longest",
+        n_passages: int = 16,
+    ) -> None:
+        if padding not in self.PADDINGS:
+            raise LatencyLabError(f"text: padding {padding!r} is not one of {', '.join(self.PADDINGS)}")
+        if padding == "max_length" and not seq_len:
+            raise LatencyLabError("text: padding=max_length needs a --seq-len")
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.n_heldout = n_heldout
         self.n_calib = n_calib
+        self.padding = padding
+        self.n_passages = n_passages if seq_len else 0
 
     @cached_property
     def _loaded(self) -> tuple[Any, Any]:
@@ -59,12 +84,36 @@ class TextAdapter:
         out = []
         for i in range(0, len(texts) - self.batch_size + 1, self.batch_size):
             chunk = texts[i : i + self.batch_size]
-            if self.seq_len is None:
+            if self.padding == "longest":
                 enc = tok(chunk, padding="longest", truncation=True, max_length=256, return_tensors="np")
             else:
                 enc = tok(chunk, padding="max_length", truncation=True, max_length=self.seq_len, return_tensors="np")
             out.append({n: np.ascontiguousarray(enc[n].astype(np.int64)) for n in self.input_names})
         return out
+
+    @cached_property
+    def _passages(self) -> list[Feed]:
+        from latencylab.workloads.text import passages
+
+        if not self.seq_len or not self.n_passages:
+            return []
+        tok, _ = self._loaded
+        texts = passages(tok, self._splits[0], self.seq_len, self.n_passages * self.batch_size)
+        out = []
+        for i in range(0, len(texts) - self.batch_size + 1, self.batch_size):
+            enc = tok(texts[i : i + self.batch_size], padding="max_length", truncation=True,
+                      max_length=self.seq_len, return_tensors="np")  # fmt: skip
+            feed = {n: np.ascontiguousarray(enc[n].astype(np.int64)) for n in self.input_names}
+            if not feed["attention_mask"].all():
+                raise LatencyLabError(f"text: a passage is shorter than {self.seq_len} tokens")
+            out.append(feed)
+        return out
+
+    def input_sets(self) -> dict[str, list[Feed]]:
+        sets = {"sentences": self.heldout()}
+        if self._passages:
+            sets[f"passages{self.seq_len}"] = self._passages
+        return sets
 
     @cached_property
     def _splits(self) -> tuple[list[str], list[str]]:
@@ -85,12 +134,22 @@ class TextAdapter:
         return None
 
     def describe(self) -> dict[str, Any]:
+        sets = self.input_sets()
         return {
             "model": "sentence-transformers/all-MiniLM-L6-v2",
             "seq_len": self.seq_len,
+            "padding": self.padding,
             "batch_size": self.batch_size,
             "heldout_feeds": self.n_heldout,
             "calibration_feeds": self.n_calib,
+            "input_sets": {
+                name: {
+                    "feeds": len(feeds),
+                    "mean_tokens": float(np.mean([f["attention_mask"].sum(axis=1).mean() for f in feeds])),
+                    "mean_positions": float(np.mean([f["attention_mask"].shape[1] for f in feeds])),
+                }
+                for name, feeds in sets.items()
+            },
         }
 
 
@@ -249,7 +308,14 @@ def load_adapter_factory(spec: str, **kwargs: Any) -> Any:
 
 def adapter_for(workload: str, **kwargs: Any) -> Any:
     if workload == "text":
-        return TextAdapter(**{k: v for k, v in kwargs.items() if k in ("seq_len", "batch_size")})
+        params = dict(kwargs.get("params") or {})
+        unknown = set(params) - {"padding"}
+        if unknown:
+            raise LatencyLabError(f"optimize --workload text: unknown --param {sorted(unknown)} (known: padding)")
+        return TextAdapter(
+            **{k: v for k, v in kwargs.items() if k in ("seq_len", "batch_size")},
+            padding=params.get("padding", "longest"),
+        )
     if workload == "vision":
         return VisionAdapter(**{k: v for k, v in kwargs.items() if k in ("batch_size", "res")})
     if workload == "onnx":

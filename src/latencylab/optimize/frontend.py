@@ -16,8 +16,11 @@ from latencylab.errors import LatencyLabError
 def render(doc: dict[str, Any], console: Console) -> None:
     s = doc["summary"]
     t = Table(title=f"latencylab optimize: {doc['model'].get('model')} (budget {s['budget']})", title_justify="left")
-    for col in ("candidate", "backend", "status", "p50 ms [95% CI]", "p99 ms", "speed-up", "fidelity", "why"):
-        t.add_column(col, justify="right" if col in ("p99 ms", "speed-up") else "left")
+    sets = list(s.get("input_sets") or [])
+    extra = [f"{n} p50 ms (x)" for n in sets[1:]]
+    cols = ("candidate", "backend", "status", "p50 ms [95% CI]", "p99 ms", "speed-up", *extra, "fidelity", "why")
+    for col in cols:
+        t.add_column(col, justify="right" if col in ("p99 ms", "speed-up", *extra) else "left")
     for c in doc["candidates"]:
         f = c.get("fidelity") or {}
         if f.get("accuracy") is not None:
@@ -32,10 +35,26 @@ def render(doc: dict[str, Any], console: Console) -> None:
         p99 = "-" if c.get("p99_ms") is None else f"{c['p99_ms']:.2f}"
         sp = "-" if c.get("speedup_p50") is None else f"{c['speedup_p50']:.2f}x"
         name = f"[bold]{c['name']}[/bold]" if s.get("chosen") and c["name"] == s["chosen"]["name"] else c["name"]
-        t.add_row(name, c["backend"], c["status"], p50, p99, sp, fid, c["reason"])
+        more = []
+        for n in sets[1:]:
+            m = (c.get("sets") or {}).get(n) or {}
+            x = f" ({m['speedup_p50']:.2f}x)" if m.get("speedup_p50") else ""
+            more.append("-" if m.get("p50_ms") is None else f"{m['p50_ms']:.2f}{x}")
+        t.add_row(name, c["backend"], c["status"], p50, p99, sp, *more, fid, c["reason"])
     console.print(t)
+    if sets:
+        console.print(f"input sets: {', '.join(sets)} (the first is the p50 column's; speed-up = baseline as declared"
+                      " / candidate, a shape policy's gain included: the split is below)")  # fmt: skip
     console.print(f"Pareto front (p50 vs fidelity): {', '.join(s['pareto'])}")
+    if s.get("baseline_inputs"):
+        console.print(f"baseline: {s['baseline_inputs']}")
     console.print(f"[bold]{s['verdict']}[/bold]")
+    if s.get("total_speedup") and s.get("pipeline_speedup"):
+        console.print(f"total on the declared inputs: {s['total_speedup']:.2f}x = {s['speedup']:.2f}x (model, equal "
+                      f"work) x {s['pipeline_speedup']:.2f}x (pipeline: {s.get('input_policy')})")  # fmt: skip
+    if s.get("skipped_by_time_cap"):
+        cut = s["skipped_by_time_cap"]
+        console.print(f"[yellow]the time cap cut {len(cut)} candidate(s): {', '.join(cut)}[/yellow]")
     if doc.get("artifact"):
         console.print(f"artifact: {doc['artifact']}  recipe: {doc.get('recipe')}")
     if doc.get("artifact_error"):

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from latencylab.errors import LatencyLabError
-from latencylab.optimize.search import DEFAULT_BUDGETS, Budget, ProgressFn, SearchResult, search
+from latencylab.optimize.search import (
+    DEFAULT_BUDGETS,
+    TIME_CAP_REASON,
+    Budget,
+    ProgressFn,
+    SearchResult,
+    search,
+)
+from latencylab.optimize.shapes import AS_GIVEN
 from latencylab.optimize.types import BuildContext, Candidate
 from latencylab.results import SCHEMA_VERSION, utc_now
 
@@ -58,8 +66,47 @@ def _candidates(ctx: BuildContext, families: Sequence[str]) -> list[Candidate]:
     return out
 
 
+# The build order under a time cap: what won on this kind of model and machine first (docs/BENCHMARKS.md:
+# per-channel dynamic INT8 with a small sensitivity fallback, the fused graph, plain ORT), the peers' recipes
+# next, then the rest, the slow builds (entropy/percentile calibration, torch.compile) last, so that a cap
+# cuts the least promising candidates. Each pattern is a name prefix; unmatched names keep their family order.
+PRIORITY = (
+    "ort-int8-dynamic-perchannel-fallback-k2",
+    "ort-int8-dynamic-perchannel-fallback-k4",
+    "ort-int8-dynamic-perchannel",
+    "ort-int8-dynamic-fused-perchannel",
+    "ort-fp32",
+    "ort-int8-dynamic-default",
+    "torch-int8-dynamic",
+    "ort-int8-dynamic-fused",
+    "ort-int8-dynamic-u8u8",
+    "ort-int8-dynamic-fallback",
+    "ort-int8-dynamic",
+    "torch-bf16",
+    "torch-fuse",
+    "torch-prune",
+    "ort-int8-static-minmax",
+    "ort-int8-static",
+    "torch-compile",
+)
+
+
+def _priority(c: Candidate) -> int:
+    for i, prefix in enumerate(PRIORITY):
+        if c.name == prefix or c.name.startswith(prefix + "-"):
+            return i
+    return len(PRIORITY)
+
+
+def twin_name(baseline: str, policy: str) -> str:
+    """The baseline model under another shape policy (e.g. ``torch-fp32-exact``): the reference of the
+    equal-work split when the choice changes the inputs."""
+    return baseline if policy == AS_GIVEN else f"{baseline}-{policy}"
+
+
 def _order(cands: list[Candidate], only: Sequence[str]) -> list[Candidate]:
-    """The baseline (torch-fp32, else ort-fp32) first; optionally only the named others."""
+    """The baseline (torch-fp32, else ort-fp32) first, then its shape-policy twins (never cut by the time
+    cap), then the others by :data:`PRIORITY`; optionally only the named others."""
     base = next((c for c in cands if c.name == "torch-fp32"), None) or next(
         (c for c in cands if c.name == "ort-fp32"), None
     )
@@ -69,7 +116,10 @@ def _order(cands: list[Candidate], only: Sequence[str]) -> list[Candidate]:
     missing = set(only) - {c.name for c in rest}
     if missing:
         raise LatencyLabError(f"unknown candidate(s) {sorted(missing)}")
-    return [base, *rest]
+    policies = {c.input_policy for c in rest} - {AS_GIVEN}
+    twins = [c for p in sorted(policies) for c in cands if c.name == twin_name(base.name, p)]
+    rest = sorted((c for c in rest if c not in twins), key=_priority)
+    return [base, *twins, *rest]
 
 
 def make_context(cfg: LabConfig, workdir: Path) -> BuildContext:
@@ -90,25 +140,109 @@ def make_context(cfg: LabConfig, workdir: Path) -> BuildContext:
     return BuildContext(adapter, workdir, threads=cfg.threads, isa=isa)
 
 
-def summary_of(res: SearchResult) -> dict[str, Any]:
+def _p50(res: SearchResult, name: str, set_name: str) -> float | None:
+    try:
+        m = res.by_name(name).on_set(set_name)
+    except KeyError:
+        return None
+    return None if m is None else m.p50_ns()
+
+
+def speedup_split(res: SearchResult, name: str) -> dict[str, Any]:
+    """The split of one candidate's gain over the baseline, per input set (docs/metrics.md):
+
+    * ``speedup``: equal work, the baseline model run on the same inputs as the candidate (for a shape
+      policy other than as-given, the baseline's twin under that policy, e.g. ``torch-fp32-exact``);
+    * ``pipeline_speedup``: what the shape policy alone gained on the baseline model (twin vs baseline),
+      None when the candidate runs the inputs as given;
+    * ``total_speedup``: the baseline as declared over the candidate = speedup x pipeline_speedup.
+    """
+    cand = res.by_name(name)
+    policy = cand.input_policy
+    twin = twin_name(res.baseline, policy)
+    out: dict[str, Any] = {"input_policy": policy, "equal_work_reference": twin, "by_set": {}}
+    for set_name in res.sets:
+        base, ref, mine = (_p50(res, n, set_name) for n in (res.baseline, twin, name))
+        entry: dict[str, float | None] = {"speedup": None, "pipeline_speedup": None, "total_speedup": None}
+        if base and mine:
+            entry["total_speedup"] = base / mine
+        if ref and mine:
+            entry["speedup"] = ref / mine
+        if policy != AS_GIVEN and base and ref:
+            entry["pipeline_speedup"] = base / ref
+        out["by_set"][set_name] = entry
+    return out
+
+
+def baseline_inputs(doc_model: dict[str, Any], threads: int, baseline: str) -> str:
+    """One line: what the baseline runs (model, batch, shapes per input set, threads)."""
+    sets = doc_model.get("input_sets") or {}
+    shapes_txt = "; ".join(
+        f"{n}: {v['feeds']} inputs, mean {v['mean_tokens']:.0f} tokens"
+        + ("" if v.get("mean_positions") == v.get("mean_tokens") else f" padded to {v['mean_positions']:.0f}")
+        for n, v in sets.items()
+    )
+    pad = f", padding={doc_model['padding']}" if doc_model.get("padding") else ""
+    return (
+        f"{baseline} at batch {doc_model.get('batch_size', 1)}, {threads} thread{'s' if threads != 1 else ''}{pad}"
+        + (f" ({shapes_txt})" if shapes_txt else "")
+    )
+
+
+def summary_of(res: SearchResult, model: dict[str, Any] | None = None, threads: int = 1) -> dict[str, Any]:
     base = res.by_name(res.baseline).to_dict()
     out: dict[str, Any] = {
         "budget": res.budget,
         "verdict": res.verdict,
         "baseline": _brief(base),
+        "baseline_inputs": baseline_inputs(model or {}, threads, res.baseline),
+        "input_sets": list(res.sets),
         "chosen": None,
-        "speedup_p50": None,
+        "speedup": None,
+        "pipeline_speedup": None,
+        "total_speedup": None,
+        "speedup_by_set": {},
+        "pipeline_speedup_by_set": {},
         "pareto": list(res.pareto),
         "counts": {
             s: sum(1 for c in res.candidates if c.status == s)
             for s in ("inside-budget", "outside-budget", "skipped", "failed")
         },
+        "skipped_by_time_cap": [c.name for c in res.candidates if c.reason == TIME_CAP_REASON],
     }
     if res.chosen is not None:
         ch = res.by_name(res.chosen).to_dict(base.get("p50_ms", 0) * 1e6)
         out["chosen"] = _brief(ch)
-        out["speedup_p50"] = base["p50_ms"] / ch["p50_ms"]
+        split = speedup_split(res, res.chosen)
+        primary = split["by_set"][res.sets[0]]
+        out.update(
+            speedup=primary["speedup"],
+            pipeline_speedup=primary["pipeline_speedup"],
+            total_speedup=primary["total_speedup"],
+            speedup_by_set={k: v["speedup"] for k, v in split["by_set"].items()},
+            pipeline_speedup_by_set={k: v["pipeline_speedup"] for k, v in split["by_set"].items()},
+            input_policy=split["input_policy"],
+            equal_work_reference=split["equal_work_reference"],
+        )
+        out["verdict"] = headline(out)
     return out
+
+
+def headline(s: dict[str, Any]) -> str:
+    """The one line the terminal, the recipe and the report print: the equal-work speedup per input set,
+    and the pipeline change's gain apart."""
+    ch = (s.get("chosen") or {}).get("name")
+    if not ch:
+        return str(s.get("verdict", ""))
+    by_set = s.get("speedup_by_set") or {}
+    parts = ", ".join(f"{v:.2f}x on {k}" for k, v in by_set.items() if v)
+    base = (s.get("baseline") or {}).get("name", "the baseline")
+    line = f"{ch}: {parts or '?'} faster (p50) than {base} at equal work (same inputs), inside {s.get('budget')}"
+    pipe = s.get("pipeline_speedup_by_set") or {}
+    if any(pipe.values()):
+        gains = ", ".join(f"{v:.2f}x on {k}" for k, v in pipe.items() if v)
+        line += f"; plus a pipeline change (shape policy '{s.get('input_policy')}'): {gains} on the inputs declared"
+    return line
 
 
 def _brief(d: dict[str, Any]) -> dict[str, Any]:
@@ -127,16 +261,19 @@ def _brief(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def result_dict(cfg: LabConfig, ctx: BuildContext, res: SearchResult, env: dict[str, Any]) -> dict[str, Any]:
-    base_p50 = res.by_name(res.baseline).to_dict().get("p50_ms")
+    base = res.by_name(res.baseline)
+    base_p50 = base.to_dict().get("p50_ms")
+    base_sets = {m.name: p for m in base.sets if (p := m.p50_ns())}
+    model = ctx.adapter.describe()
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "optimize",
         "created_at": utc_now(),
-        "summary": summary_of(res),
+        "summary": summary_of(res, model, cfg.threads),
         "config": _cfg(cfg),
-        "model": ctx.adapter.describe(),
+        "model": model,
         "wall_s": res.wall_s,
-        "candidates": [c.to_dict(base_p50 * 1e6 if base_p50 else None) for c in res.candidates],
+        "candidates": [c.to_dict(base_p50 * 1e6 if base_p50 else None, base_sets) for c in res.candidates],
         "env": env,
     }
 
@@ -185,7 +322,10 @@ def run_lab(
         families = tuple(f for f in families if f != "torch") or ("onnxruntime",)
     cands = _order(_candidates(ctx, families), cfg.only)
     budget = Budget.parse(cfg.budget or DEFAULT_BUDGETS[ctx.adapter.output_kind])
-    res = search(ctx, cands, budget, cfg.rounds, cfg.per_round, time_budget_s=cfg.time_budget_s, progress=progress)
+    keep = [c.name for c in cands[1:] if c.name.startswith(cands[0].name + "-")]  # the baseline's twins
+    res = search(
+        ctx, cands, budget, cfg.rounds, cfg.per_round, time_budget_s=cfg.time_budget_s, progress=progress, keep=keep
+    )
     doc = result_dict(cfg, ctx, res, env)
     if out_dir is not None and res.chosen is not None:
         chosen = next(c for c in cands if c.name == res.chosen)
@@ -209,12 +349,56 @@ def run_lab(
             "budget": budget.text,
             "measured": doc["summary"]["chosen"],
             "baseline": doc["summary"]["baseline"],
+            "baseline_inputs": doc["summary"]["baseline_inputs"],
+            "input_policy": chosen.input_policy,
+            "speedup": doc["summary"]["speedup"],
+            "pipeline_speedup": doc["summary"]["pipeline_speedup"],
+            "total_speedup": doc["summary"]["total_speedup"],
+            "speedup_by_set": doc["summary"]["speedup_by_set"],
+            "headline": doc["summary"]["verdict"],
             "artifact": None if artifact is None else artifact.name,
+            "rungs": export_rungs(ctx, cands, res, out_dir),
             "created_at": utc_now(),
         }
         (out_dir / "recipe.json").write_text(json.dumps(recipe, indent=1))
         doc["recipe"] = str(out_dir / "recipe.json")
+        (out_dir / "optimize.json").write_text(json.dumps(doc, indent=1, default=str))
     return doc
+
+
+def rung_candidates(res: SearchResult) -> list[str]:
+    """Candidates whose artifacts go beside the choice for ``serve --from``'s ladder: the ONNX Runtime
+    candidates on the Pareto front, and the fastest INT8 ONNX Runtime candidates inside the budget."""
+    names = [n for n in res.pareto if res.by_name(n).backend == "onnxruntime"]
+    int8 = [
+        c for c in res.candidates
+        if c.backend == "onnxruntime" and c.status == "inside-budget" and (c.params.get("quantization"))
+        and c.latency() is not None
+    ]  # fmt: skip
+    int8.sort(key=lambda c: c.latency().at(0.5).value)  # type: ignore[union-attr]
+    names += [c.name for c in int8[:2]]
+    return list(dict.fromkeys(n for n in names if n != res.chosen))
+
+
+def export_rungs(ctx: BuildContext, cands: Sequence[Candidate], res: SearchResult, out_dir: Path) -> dict[str, str]:
+    """Write ``out_dir/rungs/<name>.onnx`` for :func:`rung_candidates`; name -> path relative to ``out_dir``.
+    A candidate whose build fails here is left out (serve says the rung is absent)."""
+    by_name = {c.name: c for c in cands}
+    out: dict[str, str] = {}
+    for name in rung_candidates(res):
+        cand = by_name.get(name)
+        if cand is None:
+            continue
+        try:
+            runner = cand.build(ctx)
+            src = Path(getattr(runner, "model_path"))  # noqa: B009 (an ORT runner's file)
+        except Exception:  # reported as an absent rung by serve
+            continue
+        dst = out_dir / "rungs" / f"{name}.onnx"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        out[name] = str(dst.relative_to(out_dir))
+    return out
 
 
 def apply_recipe(path: Path, progress: ProgressFn | None = None, rounds: int = 10) -> dict[str, Any]:
@@ -233,10 +417,11 @@ def apply_recipe(path: Path, progress: ProgressFn | None = None, rounds: int = 1
         families=(_family_of(recipe["backend"]),) if recipe["backend"] != "torch" else ("torch",),
         seq_len=model.get("seq_len", 128),
         batch_size=int(model.get("batch_size", 1)),
+        params=(f"padding={model['padding']}",) if model.get("padding") else (),
         model_path=model.get("model_path"),
         inputs_path=model.get("inputs_path"),
         pipeline=recipe.get("pipeline"),
-        only=(recipe["candidate"],),
+        only=(recipe["candidate"], *_twins(recipe)),
         rounds=rounds,
     )
     if cfg.families != ("torch",) and cfg.workload != "onnx":  # the baseline (torch-fp32): the torch family
@@ -245,7 +430,7 @@ def apply_recipe(path: Path, progress: ProgressFn | None = None, rounds: int = 1
     ctx = make_context(cfg, tmp)
     _set_threads(cfg.threads)
     cands = _order(_candidates(ctx, cfg.families), cfg.only)
-    target = cands[-1]
+    target = next(c for c in cands if c.name == recipe["candidate"])
     if dict(target.params) != recipe["params"]:
         raise LatencyLabError(
             f"{path}: candidate {target.name} now has params {dict(target.params)}, the recipe has {recipe['params']}"
@@ -258,6 +443,13 @@ def apply_recipe(path: Path, progress: ProgressFn | None = None, rounds: int = 1
     doc["recipe"] = {"path": str(path), "recorded": recipe.get("measured"), "reproduced": _brief(
         res.by_name(target.name).to_dict())}  # fmt: skip
     return doc
+
+
+def _twins(recipe: dict[str, Any]) -> tuple[str, ...]:
+    """The baseline's twin under the recipe's shape policy (the equal-work reference), if any."""
+    policy = recipe.get("input_policy") or AS_GIVEN
+    base = (recipe.get("baseline") or {}).get("name") or "torch-fp32"
+    return () if policy == AS_GIVEN or recipe["candidate"] == twin_name(base, policy) else (twin_name(base, policy),)
 
 
 def _family_of(backend: str) -> str:

@@ -16,10 +16,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,43 @@ def fidelity(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | No
 
 
 @dataclass(frozen=True, slots=True)
+class SetMeasure:
+    """One candidate on one held-out input set: fidelity, timed calls, and the positions it really ran."""
+
+    name: str
+    fidelity: Fidelity | None = None
+    samples_ns: tuple[int, ...] = ()
+    seq_lens: tuple[int, ...] = ()  # sequence length of each fidelity call after the shape policy (text)
+    tokens_per_call: float | None = None  # batch x processed length, mean over the set's feeds
+
+    def latency(self) -> lstats.Summary | None:
+        if len(self.samples_ns) < 2:
+            return None
+        return lstats.summarize(self.samples_ns, qs=(0.5, 0.99), n_boot=300, label=self.name)
+
+    def p50_ns(self) -> float | None:
+        return float(np.median(self.samples_ns)) if self.samples_ns else None
+
+    def to_dict(self, baseline_p50_ns: float | None = None) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
+            "n": len(self.samples_ns),
+            "tokens_per_call": self.tokens_per_call,
+        }
+        lat = self.latency()
+        if lat is not None:
+            p50, p99 = lat.at(0.5), lat.at(0.99)
+            d.update(
+                p50_ms=p50.value / 1e6,
+                p50_ci_ms=[p50.ci_low / 1e6, p50.ci_high / 1e6],
+                p99_ms=p99.value / 1e6,
+            )
+            if baseline_p50_ns:
+                d["speedup_p50"] = baseline_p50_ns / p50.value
+        return d
+
+
+@dataclass(frozen=True, slots=True)
 class CandidateResult:
     name: str
     family: str
@@ -141,16 +179,23 @@ class CandidateResult:
     status: str  # baseline | inside-budget | outside-budget | skipped | failed
     reason: str
     fidelity: Fidelity | None = None
-    samples_ns: tuple[int, ...] = ()
+    samples_ns: tuple[int, ...] = ()  # the primary input set's (the first of ``sets``)
     build_s: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    input_policy: str = "as-given"
+    sets: tuple[SetMeasure, ...] = ()  # every held-out input set, the primary first
 
     def latency(self) -> lstats.Summary | None:
         if len(self.samples_ns) < 2:
             return None
         return lstats.summarize(self.samples_ns, qs=(0.5, 0.99), n_boot=300, label=self.name)
 
-    def to_dict(self, baseline_p50: float | None = None) -> dict[str, Any]:
+    def on_set(self, name: str) -> SetMeasure | None:
+        return next((m for m in self.sets if m.name == name), None)
+
+    def to_dict(self, baseline_p50: float | None = None, base_sets: dict[str, float] | None = None) -> dict[str, Any]:
+        """JSON form; ``speedup_p50`` against ``baseline_p50`` (ns, the primary set's), and each set's against
+        ``base_sets`` (set name -> baseline p50 ns)."""
         lat = self.latency()
         d: dict[str, Any] = {
             "name": self.name,
@@ -164,7 +209,10 @@ class CandidateResult:
             "stats": self.stats,
             "fidelity": None if self.fidelity is None else self.fidelity.to_dict(),
             "n": len(self.samples_ns),
+            "input_policy": self.input_policy,
         }
+        if self.sets:
+            d["sets"] = {m.name: m.to_dict(base_sets.get(m.name) if base_sets else None) for m in self.sets}
         if lat is not None:
             p50, p99 = lat.at(0.5), lat.at(0.99)
             d.update(
@@ -187,6 +235,7 @@ class SearchResult:
     candidates: tuple[CandidateResult, ...]
     pareto: tuple[str, ...]
     wall_s: float
+    sets: tuple[str, ...] = ("heldout",)  # the held-out input sets, the primary first
 
     def by_name(self, name: str) -> CandidateResult:
         for c in self.candidates:
@@ -198,6 +247,7 @@ class SearchResult:
 # ------------------------------------------------------------------ the search
 
 ProgressFn = Callable[[str, int, int], None]  # (message, step, total)
+TIME_CAP_REASON = "time budget spent (cut by the search's time cap)"
 
 
 def _score(f: Fidelity | None, kind: str) -> float:
@@ -224,30 +274,56 @@ def pareto_front(points: Sequence[tuple[str, float, float]]) -> tuple[str, ...]:
 
 
 def _measure_interleaved(
-    runners: dict[str, Runner], feeds: Sequence[Feed], rounds: dict[str, int], per_round: int, warmup: int = 3
-) -> dict[str, list[int]]:
+    runners: dict[str, Runner],
+    sets: Mapping[str, Sequence[Feed]],
+    rounds: dict[str, int],
+    per_round: int,
+    warmup: int = 3,
+    clock: Callable[[], int] = time.perf_counter_ns,
+) -> dict[str, dict[str, list[int]]]:
+    """candidate -> set -> timed calls. Each round visits every live candidate in an order rotated by one,
+    and each visit runs ``per_round`` calls on every input set (cycling through its feeds)."""
     names = list(runners)
     for n in names:
-        for i in range(warmup):
-            runners[n].run(feeds[i % len(feeds)])
-    samples: dict[str, list[int]] = {n: [] for n in names}
-    clock = time.perf_counter_ns
+        for feeds in sets.values():
+            for i in range(warmup):
+                runners[n].run(feeds[i % len(feeds)])
+    samples: dict[str, dict[str, list[int]]] = {n: {s: [] for s in sets} for n in names}
+    cursor = dict.fromkeys(sets, 0)
     max_rounds = max(rounds.values()) if rounds else 0
-    k = 0
     for r in range(max_rounds):
         order = names[r % len(names) :] + names[: r % len(names)] if names else []
         for n in order:
             if r >= rounds[n]:
                 continue
             run = runners[n].run
-            out = samples[n]
-            for _ in range(per_round):
-                feed = feeds[k % len(feeds)]
-                k += 1
-                t0 = clock()
-                run(feed)
-                out.append(clock() - t0)
+            for set_name, feeds in sets.items():
+                out = samples[n][set_name]
+                k = cursor[set_name]
+                for _ in range(per_round):
+                    feed = feeds[k % len(feeds)]
+                    k += 1
+                    t0 = clock()
+                    run(feed)
+                    out.append(clock() - t0)
+                cursor[set_name] = k
     return samples
+
+
+def _run_set(runner: Runner, feeds: Sequence[Feed]) -> tuple[np.ndarray, tuple[int, ...], float | None]:
+    """Outputs of every feed, and the sequence lengths the runner really ran (when it counts them)."""
+    counter = getattr(runner, "tokens", None)
+    if counter is not None:
+        counter.reset()
+    outs = np.concatenate([np.asarray(runner.run(f), dtype=np.float32) for f in feeds])
+    if counter is None or not counter.calls:
+        return outs, (), None
+    return outs, tuple(counter.seq_lens), counter.per_call()
+
+
+def _significantly_faster(cand: SetMeasure, base: SetMeasure) -> bool:
+    a, b = cand.latency(), base.latency()
+    return a is not None and b is not None and a.at(0.5).ci_high < b.at(0.5).ci_low
 
 
 def search(
@@ -259,22 +335,35 @@ def search(
     short_rounds: int = 2,
     time_budget_s: float | None = None,
     progress: ProgressFn | None = None,
+    keep: Sequence[str] = (),
+    clock: Callable[[], int] = time.perf_counter_ns,
 ) -> SearchResult:
-    """Build, check and time every candidate; the first is the baseline."""
+    """Build, check and time every candidate; the first is the baseline.
+
+    Every candidate runs every held-out input set (``ctx.input_sets()``); it is inside the budget only if
+    it is inside on each. ``time_budget_s`` caps the build phase: candidates left when it is spent are
+    reported as skipped by the cap, except those named in ``keep`` (the references the summary's split
+    needs). The choice must be significantly faster than the baseline on every set; among those, the
+    lowest geometric mean of its p50 ratios to the baseline wins.
+    """
     if not candidates:
         raise LatencyLabError("no candidates to search")
-    t_start = time.perf_counter()
+    t_start = clock()
     adapter = ctx.adapter
-    feeds = adapter.heldout()
+    try:
+        sets = ctx.input_sets()
+    except ValueError as exc:
+        raise LatencyLabError(str(exc)) from None
+    primary = next(iter(sets))
     labels = adapter.labels()
     kind = adapter.output_kind
     total = len(candidates) + 1
     results: dict[str, CandidateResult] = {}
     runners: dict[str, Runner] = {}
-    reference: np.ndarray | None = None
+    reference: dict[str, np.ndarray] = {}
 
     def over_time() -> bool:
-        return time_budget_s is not None and time.perf_counter() - t_start > time_budget_s
+        return time_budget_s is not None and (clock() - t_start) / 1e9 > time_budget_s
 
     for i, cand in enumerate(candidates):
         if progress is not None:
@@ -282,11 +371,12 @@ def search(
 
         def mk(status: str, reason: str, cand: Candidate = cand, **kw: Any) -> CandidateResult:
             return CandidateResult(
-                cand.name, cand.family, cand.backend, dict(cand.params), cand.description, status, reason, **kw
-            )
+                cand.name, cand.family, cand.backend, dict(cand.params), cand.description, status, reason,
+                input_policy=cand.input_policy, **kw,
+            )  # fmt: skip
 
-        if i > 0 and over_time():
-            results[cand.name] = mk("skipped", "time budget spent")
+        if i > 0 and cand.name not in keep and over_time():
+            results[cand.name] = mk("skipped", TIME_CAP_REASON)
             continue
         why = cand.skip_reason(ctx)
         if why:
@@ -294,61 +384,71 @@ def search(
                 raise LatencyLabError(f"the baseline {cand.name} cannot run here: {why}")
             results[cand.name] = mk("skipped", why)
             continue
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             runner = cand.build(ctx)
-            outs = np.concatenate([np.asarray(runner.run(f), dtype=np.float32) for f in feeds])
+            ran = {name: _run_set(runner, feeds) for name, feeds in sets.items()}
         except Exception as exc:  # a failed variant is reported, the search goes on
             if i == 0:
                 raise LatencyLabError(f"the baseline {cand.name} failed: {type(exc).__name__}: {exc}") from exc
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             results[cand.name] = mk("failed", f"build failed: {type(exc).__name__}: {msg}"[:300])
             continue
-        build_s = time.perf_counter() - t0
+        build_s = (clock() - t0) / 1e9
         run_stats = dict(getattr(runner, "stats", {}) or {})
+        _, seq_lens, per_call = ran[primary]
+        if per_call is not None:
+            run_stats["tokens_per_call"] = per_call
+            run_stats["seq_lens"] = list(seq_lens)
         if i == 0:
-            reference = outs
-            fid = fidelity(outs, outs, labels)
-            results[cand.name] = mk("baseline", "reference", fidelity=fid, build_s=build_s, stats=run_stats)
+            reference = {name: outs for name, (outs, _, _) in ran.items()}
+        try:
+            fids = {
+                name: fidelity(reference[name], outs, labels if name == primary else None)
+                for name, (outs, _, _) in ran.items()
+            }
+        except LatencyLabError as exc:
+            results[cand.name] = mk("failed", str(exc))
+            continue
+        measures = tuple(SetMeasure(name, fids[name], (), ran[name][1], ran[name][2]) for name in sets)
+        if i == 0:
+            status, why = "baseline", "reference"
         else:
-            assert reference is not None
-            try:
-                fid = fidelity(reference, outs, labels)
-            except LatencyLabError as exc:
-                results[cand.name] = mk("failed", str(exc))
-                continue
-            ok, why = budget.check(fid)
-            status = "inside-budget" if ok else "outside-budget"
-            results[cand.name] = mk(status, why, fidelity=fid, build_s=build_s, stats=run_stats)
+            status, why = "inside-budget", "inside budget"
+            for name in sets:
+                ok, why_set = budget.check(fids[name])
+                if not ok:
+                    status, why = "outside-budget", why_set if len(sets) == 1 else f"{name}: {why_set}"
+                    break
+        results[cand.name] = mk(status, why, fidelity=fids[primary], build_s=build_s, stats=run_stats, sets=measures)
         runners[cand.name] = runner
 
     if progress is not None:
         progress("timing (interleaved)", len(candidates), total)
     plan = {n: (rounds if results[n].status in ("baseline", "inside-budget") else short_rounds) for n in runners}
-    samples = _measure_interleaved(runners, feeds, plan, per_round)
+    samples = _measure_interleaved(runners, sets, plan, per_round, clock=clock)
     for n, runner in runners.items():
         with contextlib.suppress(Exception):
             runner.close()
         r = results[n]
-        results[n] = CandidateResult(
-            r.name, r.family, r.backend, r.params, r.description, r.status, r.reason, r.fidelity,
-            tuple(samples[n]), r.build_s, r.stats,
-        )  # fmt: skip
+        timed = tuple(
+            SetMeasure(m.name, m.fidelity, tuple(samples[n][m.name]), m.seq_lens, m.tokens_per_call) for m in r.sets
+        )
+        results[n] = dataclasses.replace(r, samples_ns=tuple(samples[n][primary]), sets=timed)
 
     baseline = candidates[0].name
-    base_lat = results[baseline].latency()
-    assert base_lat is not None
-    base_p50 = base_lat.at(0.5)
+    base = results[baseline]
+    base_p50 = {m.name: m.p50_ns() for m in base.sets}
     best: tuple[float, str] | None = None
     for r in results.values():
-        if r.status != "inside-budget":
+        if r.status != "inside-budget" or not r.sets:
             continue
-        lat = r.latency()
-        if lat is None:
+        if not all(_significantly_faster(m, base.sets[j]) for j, m in enumerate(r.sets)):
             continue
-        p50 = lat.at(0.5)
-        if p50.ci_high < base_p50.ci_low and (best is None or p50.value < best[0]):
-            best = (p50.value, r.name)
+        ratios = [m.p50_ns() / b for m in r.sets if (b := base_p50[m.name])]  # type: ignore[operator]
+        score = float(np.exp(np.mean(np.log(ratios))))
+        if best is None or score < best[0]:
+            best = (score, r.name)
     points = []
     for r in results.values():
         lat = r.latency()
@@ -359,7 +459,8 @@ def search(
         chosen = None
     else:
         chosen = best[1]
-        verdict = f"{chosen}: {base_p50.value / best[0]:.2f}x faster (p50) than {baseline}, inside the budget"
+        over = f", geometric mean over {len(sets)} input sets" if len(sets) > 1 else ""
+        verdict = f"{chosen}: {1 / best[0]:.2f}x faster (p50) than {baseline}{over}, inside the budget"
     if progress is not None:
         progress("done", total, total)
     return SearchResult(
@@ -369,7 +470,8 @@ def search(
         budget=budget.text,
         candidates=tuple(results[c.name] for c in candidates),
         pareto=pareto_front(points),
-        wall_s=time.perf_counter() - t_start,
+        wall_s=(clock() - t_start) / 1e9,
+        sets=tuple(sets),
     )
 
 

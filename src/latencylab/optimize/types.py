@@ -57,6 +57,20 @@ class ModelAdapter(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+def input_sets(adapter: ModelAdapter) -> dict[str, list[Feed]]:
+    """Held-out input sets, name -> feeds, the primary (``heldout()``) first.
+
+    An adapter may offer several (``input_sets()``, e.g. the text workload's natural-length sentences and
+    passages of exactly 128 real tokens): fidelity must hold on each, and latency is reported on each.
+    Without that method there is one set, ``heldout``.
+    """
+    fn = getattr(adapter, "input_sets", None)
+    sets = dict(fn()) if callable(fn) else {"heldout": adapter.heldout()}
+    if not sets or not all(sets.values()):
+        raise ValueError(f"adapter {adapter.name!r}: every input set needs at least one feed")
+    return sets
+
+
 @dataclass(slots=True)
 class BuildContext:
     """What candidates are built from; shared, built once per run."""
@@ -67,6 +81,18 @@ class BuildContext:
     device: str = "cpu"
     isa: frozenset[str] = frozenset()  # CPU flags from the env fingerprint (avx512_bf16, amx_tile, ...)
     cache: dict[str, Any] = field(default_factory=dict)  # e.g. the exported FP32 ONNX path, reused
+
+    def input_sets(self) -> dict[str, list[Feed]]:
+        """The adapter's held-out input sets (name -> feeds), the primary first; see :func:`input_sets`."""
+        got = self.cache.get("input_sets")
+        if got is None:
+            got = input_sets(self.adapter)
+            self.cache["input_sets"] = got
+        return dict(got)
+
+    def all_feeds(self) -> list[Feed]:
+        """Every held-out feed of every input set."""
+        return [f for feeds in self.input_sets().values() for f in feeds]
 
     def fp32_onnx(self) -> Path:
         """The FP32 ONNX export, made once."""
@@ -86,6 +112,9 @@ class Candidate:
     build: Callable[[BuildContext], Runner]
     skip_reason: Callable[[BuildContext], str | None] = lambda ctx: None
     description: str = ""
+    # What the candidate does to the inputs before its model runs (latencylab.optimize.shapes): "as-given",
+    # or a pipeline change such as "exact", whose gain is reported apart from the model speedup.
+    input_policy: str = "as-given"
 
 
 # A family module exposes: def candidates(ctx: BuildContext) -> Sequence[Candidate]

@@ -359,22 +359,62 @@ def _throughput_section(p: _Parsed) -> str:
     return "".join(out)
 
 
+def _x(v: Any) -> str:
+    return f"{float(v):.2f}x" if figures.finite(v) else "-"
+
+
+def _speedup_table(s: Mapping[str, Any]) -> str:
+    """The choice's speed-up split: the model at equal work (the baseline's inputs), the pipeline (a shape
+    policy that changed the inputs), the total, and the model's on each held-out input set. Older results
+    carry only ``speedup_p50``."""
+    model = s.get("speedup", s.get("speedup_p50"))
+    if not figures.finite(model) and not figures.finite(s.get("total_speedup")):
+        return ""
+    rows = [["model, at equal work (the baseline's inputs)" if "speedup" in s else "baseline p50 / chosen p50",
+             f"<b>{_x(model)}</b>"]]  # fmt: skip
+    pipeline = s.get("pipeline_speedup")
+    if "pipeline_speedup" in s:
+        rows.append(
+            ["pipeline (a shape policy changed the inputs)", _x(pipeline)]
+            if figures.finite(pipeline)
+            else ["pipeline", '<span class="note">none: the inputs as the baseline ran them</span>']
+        )
+    if figures.finite(s.get("total_speedup")):
+        rows.append(["total (model x pipeline)", f"<b>{_x(s['total_speedup'])}</b>"])
+    for name, v in (s.get("speedup_by_set") or {}).items():
+        rows.append([f"model, on input set <i>{_e(name)}</i>", _x(v)])
+    out = _table(["speed-up of the choice over the baseline (p50)", ""], rows, num=(1,))
+    if s.get("baseline_inputs"):
+        out += f'<p class="note">baseline: {_e(s["baseline_inputs"])}</p>'
+    return out
+
+
 def _optimize_section(p: _Parsed) -> str:
     out = []
     for r in p.optimizes:
         d, s = r.doc, r.doc.get("summary") or {}
         out.append(f"<h3>{_e(_label(r))}: {_e((d.get('model') or {}).get('model', ''))}</h3>")
         out.append(f'<p class="verdict ok">{_e(s.get("verdict", ""))}</p>')
+        out.append(_speedup_table(s))
+        loss = figures.fidelity_loss(d)
+        budget = f" beyond the budget ({_e(loss.clause)})" if loss.clause else ""
         cap = (
-            "Candidates at (p50 latency, fidelity); the line joins the Pareto front, the star is "
-            "the chosen variant, the diamond the FP32 baseline."
+            f"Candidates at (p50 latency, {loss.label}), both log scales: up is closer to the FP32 reference, so "
+            f"0.99 and 0.999 stand a decade apart; the dashed red line is the fidelity budget, the shaded band lies"
+            f"{budget}. Only the Pareto front (ringed, joined) and the choice (star) are named; every other "
+            "candidate is in the table below, sorted by p50 as the x axis is. Diamond: the FP32 baseline; hollow: "
+            "outside the budget; colour: backend."
         )
         out.append(_figure(cap, figures.pareto_front, d))
         chosen = (s.get("chosen") or {}).get("name")
         front = set(s.get("pareto") or [])
         label, score = figures.fidelity_score(d)
         rows, classes = [], []
-        for c in d.get("candidates") or []:
+        cands = sorted(
+            d.get("candidates") or [],
+            key=lambda c: (not figures.finite(c.get("p50_ms")), c.get("p50_ms") or 0.0),
+        )
+        for c in cands:
             ci = c.get("p50_ci_ms")
             p50 = (
                 "-"
@@ -382,6 +422,7 @@ def _optimize_section(p: _Parsed) -> str:
                 else f"{c['p50_ms']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
             )
             fid = score(c)
+            lv = loss.value(c)
             name = (
                 _e(c["name"])
                 + (" &#9733; chosen" if c["name"] == chosen else "")
@@ -396,15 +437,16 @@ def _optimize_section(p: _Parsed) -> str:
                     _ms(c.get("p99_ms")),
                     "-" if c.get("speedup_p50") is None else f"{c['speedup_p50']:.2f}x",
                     "-" if fid is None else f"{fid:.4f}",
+                    "-" if lv is None else f"{lv:.2e}",
                     _e(c.get("reason", "")),
                 ]
             )
             classes.append("total" if c["name"] == chosen else "")
         out.append(
             _table(
-                ["candidate", "backend", "status", "p50 ms [95% CI]", "p99 ms", "speed-up", label, "why"],
+                ["candidate", "backend", "status", "p50 ms [95% CI]", "p99 ms", "speed-up", label, loss.short, "why"],
                 rows,
-                num=(3, 4, 5, 6),
+                num=(3, 4, 5, 6, 7),
                 classes=classes,
             )
         )

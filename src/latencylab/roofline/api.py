@@ -14,13 +14,14 @@ import os
 import statistics
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from latencylab.diagnose.types import Evidence, Finding
 from latencylab.errors import LatencyLabError, require
-from latencylab.roofline.flops import Work, workload_work
+from latencylab.roofline.flops import Work, mean_work, shape_work, workload_work
 from latencylab.roofline.model import LeverContext, RooflinePoint, attainable_gflops, place
 from latencylab.roofline.peaks import Peaks, load_or_measure
 from latencylab.roofline.theory import DTYPES, CpuInfo, TheoreticalPeak, read_cpu, theoretical_peaks
@@ -180,11 +181,16 @@ def measure(
 def point_finding(
     p: RooflinePoint, source: str = "live run", work: Work | None = None, load: float | None = None
 ) -> Finding:
+    """One timed forward pass as a finding. A point above its roof (``not p.valid``: share > MAX_SHARE) is
+    reported as the measurement error it is: no share of the roof in its title or evidence, no lever."""
     unit = UNIT.get(p.dtype, "GFLOP/s")
+    share: Evidence = Evidence("share of attainable", round(p.pct_of_attainable, 4), "fraction")
+    if not p.valid:
+        share = Evidence("share of attainable", p.share_text())
     ev = [
         Evidence("achieved", round(p.achieved_gflops, 2), unit),
         Evidence("attainable (roofline)", round(p.attainable_gflops, 2), unit),
-        Evidence("share of attainable", round(p.pct_of_attainable, 4), "fraction"),
+        share,
         Evidence("arithmetic intensity", round(p.intensity, 3), "FLOP/byte"),
         Evidence("compute roof (measured)", round(p.peak_gflops, 2), unit),
         Evidence("memory roof (measured)", round(p.bandwidth_gbs, 2), "GB/s"),
@@ -192,7 +198,7 @@ def point_finding(
         Evidence("work per forward", round(p.flops / 1e9, 4), "GFLOP"),
         Evidence("bytes per forward", round(p.bytes / 1e6, 3), "MB"),
     ]
-    if p.theoretical_gflops is not None and p.pct_of_theoretical is not None:
+    if p.valid and p.theoretical_gflops is not None and p.pct_of_theoretical is not None:
         ev.append(Evidence("share of theoretical peak", round(p.pct_of_theoretical, 4), "fraction"))
     if load is not None:
         ev.append(Evidence("load average (1 min) when timing started", round(load, 2)))
@@ -204,21 +210,23 @@ def point_finding(
             f" (caution: load average {load:.1f} on {cores} CPUs: other processes shared the cores while this ran, "
             "so the time, and the share of the roof, may reflect them rather than the model)"
         )
-    if p.pct_of_attainable > 1.05:
-        recommendation += (
-            f" (note: achieved is above the measured {p.dtype} roof: the peak microbenchmark was perturbed or the "
-            "model reaches a faster kernel than it does; re-measure the peaks with refresh=True on an idle machine)"
-        )
     details: dict[str, Any] = {"point": p.to_dict()}
     if work is not None:
         details["work"] = work.to_dict()
+    if p.valid:
+        title = (
+            f"{p.name}: {p.achieved_gflops:.1f} {unit} = {p.share_text()} of the attainable "
+            f"{p.attainable_gflops:.1f} ({p.bound}-bound, {p.intensity:.1f} FLOP/B); lever: {p.lever}"
+        )
+    else:
+        title = (
+            f"{p.name}: measurement error: {p.achieved_gflops:.1f} {unit} computed from the work and the time is "
+            f"above the attainable {p.attainable_gflops:.1f} (the measured {p.dtype} roof), which no run can reach"
+        )
     return Finding(
         rule=RULE,
-        severity="warning" if p.pct_of_attainable < 0.3 else "info",
-        title=(
-            f"{p.name}: {p.achieved_gflops:.1f} {unit} = {p.pct_of_attainable:.0%} of the attainable "
-            f"{p.attainable_gflops:.1f} ({p.bound}-bound, {p.intensity:.1f} FLOP/B); lever: {p.lever}"
-        ),
+        severity="warning" if (p.pct_of_attainable < 0.3 or not p.valid) else "info",
+        title=title,
         evidence=tuple(ev),
         recommendation=recommendation,
         source=source,
@@ -296,29 +304,90 @@ def variant_dtype(candidate: Mapping[str, Any]) -> str:
     return "fp32"
 
 
+# (batch size, sequence length) -> the work of one call of that shape
+WorkAt = Callable[[int, int], Work]
+_SHAPE_WORK: dict[tuple[str, int, int], Work] = {}  # counted once per process: a count takes ~0.2-1 s
+
+
+def shape_counter(workload: str) -> WorkAt:
+    """The work of ``workload``'s model (text) at each (batch, sequence length), counted on first use and
+    cached for the process; the model is loaded once, on the first count."""
+    loaded: dict[str, Any] = {}
+
+    def at(batch: int, seq_len: int) -> Work:
+        key = (workload, batch, seq_len)
+        if key not in _SHAPE_WORK:
+            if not loaded:
+                from latencylab.optimize.adapters import adapter_for
+
+                adapter = adapter_for(workload, batch_size=1)
+                loaded["model"], loaded["names"] = adapter.torch_model(), tuple(adapter.input_names)
+            _SHAPE_WORK[key] = shape_work(loaded["model"], loaded["names"], batch, seq_len)
+        return _SHAPE_WORK[key]
+
+    return at
+
+
+def processed_shapes(candidate: Mapping[str, Any], batch_size: int) -> tuple[int, Counter[int], float] | None:
+    """(batch, calls per processed sequence length, positions per call) that a text variant really ran on
+    the primary held-out set, from ``stats.seq_lens`` / ``stats.tokens_per_call`` (after its shape policy);
+    None when the document does not record them (older results, vision)."""
+    stats = candidate.get("stats") or {}
+    lens = [int(x) for x in stats.get("seq_lens") or () if x and int(x) > 0]
+    tokens = stats.get("tokens_per_call")
+    tokens = float(tokens) if tokens else None
+    if lens:
+        batch = max(1, round(tokens / statistics.fmean(lens))) if tokens else batch_size
+        return batch, Counter(lens), tokens or float(batch * statistics.fmean(lens))
+    if tokens:
+        return batch_size, Counter([max(1, round(tokens / batch_size))]), tokens
+    return None
+
+
 def place_optimize_result(
-    doc: Mapping[str, Any], *, peaks: Peaks | None = None, work: Work | None = None
+    doc: Mapping[str, Any], *, peaks: Peaks | None = None, work: Work | None = None, work_at: WorkAt | None = None
 ) -> list[RooflinePoint]:
-    """Every timed variant (one with a p50) of an ``optimize`` result on the roofline, with the baseline
-    model's FLOPs (all variants compute the same function) and bytes by the variant's dtype."""
+    """Every timed variant (one with a p50) of an ``optimize`` result on the roofline, each credited with
+    the work it did and the bytes its dtype moves.
+
+    A text variant's work is the mean, over the primary held-out set's calls, of the work at the shape each
+    call really ran (``stats.seq_lens`` after the variant's shape policy: a variant that trims padding is
+    credited with the real tokens only, a padded one with every position); the work at each distinct
+    length is counted once (``work_at``, default :func:`shape_counter`), since attention makes it
+    superlinear in the length. Its padded share is 1 - (fewest positions per call any variant of the
+    document ran) / (its positions per call). Documents without those stats (older results, vision) are
+    credited with the baseline model's work at the document's shape for every variant. ``work`` forces one
+    Work for every variant.
+    """
     cfg = doc.get("config") or {}
     workload = str(cfg.get("workload", ""))
     if workload not in ("text", "vision"):
         raise LatencyLabError(f"roofline: optimize results of workload {workload!r} cannot be placed (text, vision)")
     model = doc.get("model") or {}
     threads = int(cfg.get("threads", 1))
-    if work is None:
+    batch_size = int(model.get("batch_size") or cfg.get("batch_size") or 1)
+    timed = [c for c in doc.get("candidates") or [] if c.get("p50_ms")]
+    works: dict[str, Work] = {}
+    if work is None and workload == "text":
+        shapes = {str(c.get("name")): sh for c in timed if (sh := processed_shapes(c, batch_size)) is not None}
+        if shapes:
+            at = work_at or shape_counter(workload)
+            fewest = min(tokens for _, _, tokens in shapes.values())
+            for name, (batch, lens, tokens) in shapes.items():
+                pad = max(0.0, 1.0 - fewest / tokens)
+                works[name] = mean_work([(at(batch, n), k) for n, k in sorted(lens.items())], padding_fraction=pad)
+    if work is None and len(works) < len(timed):  # the document's shape, as the baseline ran it
         seq = model.get("seq_len", cfg.get("seq_len", 128))
-        work = workload_work(workload, int(model.get("batch_size", cfg.get("batch_size", 1))), seq)
+        work = workload_work(workload, batch_size, seq)
     if peaks is None:
         peaks = load_or_measure(threads=sorted({1, threads}))
     _, theory = theory_for(peaks)
     out = []
-    for c in doc.get("candidates") or []:
-        p50 = c.get("p50_ms")
-        if not p50:
-            continue
-        point = place_work(str(c.get("name")), variant_dtype(c), work, float(p50) / 1e3, peaks, threads, theory)
+    for c in timed:
+        name = str(c.get("name"))
+        w = works.get(name, work)
+        assert w is not None
+        point = place_work(name, variant_dtype(c), w, float(c["p50_ms"]) / 1e3, peaks, threads, theory)
         if point is not None:
             out.append(point)
     return out

@@ -21,7 +21,7 @@ parameters (embeddings, norms, biases, convolutions) and activations in FP32.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from latencylab.errors import LatencyLabError, require
@@ -163,6 +163,45 @@ def workload_work(workload: str, batch_size: int = 1, seq_len: int | None = 128,
     if "attention_mask" in feed:
         padding = 1.0 - float(feed["attention_mask"].mean())
     return count_work(adapter.torch_model(), args, padding)
+
+
+def shape_work(model: Any, input_names: Sequence[str], batch_size: int, seq_len: int) -> Work:
+    """Work of one forward of a token model on ``batch_size`` x ``seq_len`` positions, every position
+    attended (all-ones inputs: FLOPs and bytes depend on the shapes, not on the token ids). This is the
+    work of a call that ran exactly that shape, as an exact-shape (trimmed) or natural-length input does."""
+    torch = _torch()
+    if batch_size < 1 or seq_len < 1:
+        raise LatencyLabError(
+            f"roofline: a forward needs batch_size >= 1 and seq_len >= 1, got {batch_size} x {seq_len}"
+        )
+    args = [torch.ones((batch_size, seq_len), dtype=torch.int64) for _ in input_names]
+    return count_work(model, args)
+
+
+def mean_work(works: Sequence[tuple[Work, float]], padding_fraction: float | None = None) -> Work:
+    """The weighted mean of ``(work, weight)`` pairs: the work of an average call when the calls ran
+    different shapes (weights = how many calls ran each). Element counts are rounded to whole elements."""
+    total = sum(w for _, w in works)
+    if not works or total <= 0:
+        raise LatencyLabError("roofline: the mean work of no calls is undefined")
+    if len(works) == 1:
+        return replace(works[0][0], padding_fraction=padding_fraction)
+
+    def avg(attr: str) -> float:
+        return sum(float(getattr(wk, attr)) * w for wk, w in works) / total
+
+    by_op: dict[str, float] = {}
+    for wk, w in works:
+        for op, n in wk.flops_by_op:
+            by_op[op] = by_op.get(op, 0.0) + n * w / total
+    return Work(
+        flops=avg("flops"),
+        linear_weight_elems=round(avg("linear_weight_elems")),
+        other_weight_elems=round(avg("other_weight_elems")),
+        activation_elems=round(avg("activation_elems")),
+        flops_by_op=tuple(sorted(by_op.items(), key=lambda kv: -kv[1])),
+        padding_fraction=padding_fraction,
+    )
 
 
 def _torch() -> Any:

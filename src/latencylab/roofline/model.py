@@ -13,6 +13,10 @@ from typing import Any
 LEVERS = ("precision", "fusion", "less padding", "batching", "none")
 FAR_BELOW = 0.3  # below this share of the attainable rate, the roofs do not explain the time
 PADDING_WORTH_IT = 0.25  # padded share of positions from which removing padding is the lever to name
+# A run cannot beat its roof: a share of the attainable rate above this is a measurement error (work counted
+# that was not done, a perturbed peak microbenchmark, a time from another machine), never a figure to show.
+# The 5% slack covers the noise of the peak and of the time.
+MAX_SHARE = 1.05
 
 
 def attainable_gflops(peak_gflops: float, bandwidth_gbs: float, intensity: float) -> float:
@@ -46,6 +50,11 @@ class RooflinePoint:
     lever_reason: str
     theoretical_gflops: float | None = None  # ISA x clock x threads; None when the ISA lacks the dtype
     pct_of_theoretical: float | None = None
+    valid: bool = True  # pct_of_attainable <= MAX_SHARE: False marks a measurement error, not a share
+
+    def share_text(self) -> str:
+        """The share of the attainable rate as a reader should see it: "63%", or the measurement error."""
+        return share_text(self.pct_of_attainable)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,7 +117,16 @@ def place(
         lever_reason=reason,
         theoretical_gflops=theoretical_gflops,
         pct_of_theoretical=None if not theoretical_gflops else achieved / theoretical_gflops,
+        valid=pct <= MAX_SHARE,
     )
+
+
+def share_text(pct: float) -> str:
+    """``pct`` (achieved / attainable) as text: a percentage up to :data:`MAX_SHARE`, above it the verdict
+    that the point is a measurement error (never "344%", which no run can reach)."""
+    if pct <= MAX_SHARE:
+        return f"{pct:.0%}"
+    return f"invalid: achieved is {pct:.2f}x the attainable rate (above the roof: a measurement error)"
 
 
 def choose_lever(dtype: str, bound: str, pct: float, nbytes: float, ctx: LeverContext) -> tuple[str, str]:
@@ -121,7 +139,15 @@ def choose_lever(dtype: str, bound: str, pct: float, nbytes: float, ctx: LeverCo
     3. Memory-bound: weights dominate the bytes -> **precision** (fewer bytes per weight) or, already INT8,
        **batching** (each weight read serves more rows); activations dominate -> **fusion**.
     4. Compute-bound at the roof with nothing cheaper: **batching** cannot help a compute roof; **none**.
+
+    Above the roof (share > :data:`MAX_SHARE`) the figures themselves are wrong: **none**, and why.
     """
+    if pct > MAX_SHARE:
+        return "none", (
+            f"achieved is {pct:.2f}x the attainable rate, above the roof, which no run can do: the work counted, "
+            "the time or the measured peak is wrong (re-measure the peaks with refresh=True on an idle machine; "
+            "check that the work counted is the work the variant did)"
+        )
     if pct < FAR_BELOW:
         return "fusion", (
             f"{pct:.0%} of the attainable rate: the time is outside the roofline's terms (framework dispatch, "

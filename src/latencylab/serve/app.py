@@ -18,7 +18,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,8 +26,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from latencylab.clock import Clock, PerfCounterClock
 from latencylab.serve import protocol
-from latencylab.serve.batcher import retry_after_header
+from latencylab.serve.batcher import now_reader, retry_after_header
 from latencylab.serve.config import ServerConfig
 from latencylab.serve.metrics import ServerMetrics
 from latencylab.serve.request_start import HEADER as REQUEST_START_HEADER
@@ -64,6 +65,7 @@ class ServerState:
     tracer: RequestTracer
     token: str | None
     ready: bool = False
+    clock: Clock = field(default_factory=PerfCounterClock)  # the services' clock: request marks are on it too
 
 
 def _authorised(state: ServerState, request: Request) -> bool:
@@ -88,6 +90,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
+    now_ns = now_reader(state.clock)
+
     def service_for(request: Request) -> tuple[ModelService, str | None]:
         name = request.path_params["model"]
         svc = state.services.get(name)
@@ -121,6 +125,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
         except ProtocolError as exc:
             return _error(exc.status, str(exc))
         meta = protocol.model_metadata(svc.name, svc.ladder, "latencylab", svc.inputs, svc.outputs)
+        meta["parameters"] = _ladder_parameters(svc)
         return Response(json.dumps(meta), media_type=JSON)
 
     async def model_ready(request: Request) -> Response:
@@ -135,7 +140,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
         )
 
     async def infer(request: Request) -> Response:
-        start = time.perf_counter_ns()
+        start = now_ns()
         epoch0 = time.time_ns()
         timing = Timing(start)
         if not _authorised(state, request):
@@ -144,7 +149,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
         try:
             svc, version = service_for(request)
             stamp = request.headers.get(REQUEST_START_HEADER) if state.cfg.trust_request_start else None
-            if stamp is not None:  # wall clock read once, at handler start: the age moves to perf_counter_ns
+            if stamp is not None:  # wall clock read once, at handler start: the age moves to the clock
                 timing.age_ns = request_age_ns(stamp, epoch0)
                 state.metrics.request_age.labels(svc.name).observe(timing.age_ns / 1e9)
             body = await _read_body(request, state.cfg.max_body_bytes)
@@ -153,11 +158,11 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
             if header_deadline is not None and "deadline_ms" not in req.parameters:
                 req = dataclasses.replace(req, parameters={**req.parameters, "deadline_ms": _deadline(header_deadline)})
             protocol.check_requested_outputs(req.outputs, svc.outputs)
-            timing.parsed = time.perf_counter_ns()
+            timing.parsed = now_ns()
             pinned = svc.ladder.index(version) if version is not None and version != "cache" else None
             resp, params = await svc.infer(req, timing, pinned)
             payload = protocol.encode_infer_response(resp, req.outputs)
-            svc.answered(timing, time.perf_counter_ns())
+            svc.answered(timing, now_ns())
         except ProtocolError as exc:
             if model in state.services:
                 state.metrics.errors.labels(model, "bad_input").inc()
@@ -166,7 +171,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
             state.metrics.errors.labels(model, exc.kind or "other").inc() if exc.kind != "shed" else None
             state.metrics.requests.labels(model, "-", str(exc.status)).inc()
             return _error(exc.status, str(exc), exc.retry_after_s)
-        end = time.perf_counter_ns()
+        end = now_ns()
         o = timing.outcome
         stages: list[tuple[str, float]] = [("request", (end - start) / 1e9)]
         if o is not None:
@@ -206,6 +211,23 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
 
 
+def _ladder_parameters(svc: ModelService) -> dict[str, Any]:
+    """Model metadata's ``parameters``: what fills each rung of the ladder, in order (``ladder``), and for a
+    ladder read off an optimize run (``serve --from``), each rung's measured p50 and fidelity, where it came
+    from (``source``) and the rungs the search could not fill (``absent``)."""
+    ladder: list[dict[str, Any]] = []
+    for v in svc.variants:
+        rung: dict[str, Any] = {"version": v.name, "rung": v.kind}
+        description = getattr(v, "description", "")
+        if description:
+            rung["description"] = description
+        rung.update(getattr(v, "provenance", None) or {})
+        ladder.append(rung)
+    if "cache" in svc.ladder:
+        ladder.append({"version": "cache", "rung": "cache", "description": "the result cache (alarm raised)"})
+    return {"ladder": ladder, **(getattr(svc.variants[0], "ladder_info", None) or {})}
+
+
 def _trace(
     state: ServerState, request: Request, epoch0: int, start: int, t: Timing, end: int, params: dict[str, Any]
 ) -> None:
@@ -237,17 +259,22 @@ def build_state(
     variants_by_model: Mapping[str, Sequence[Variant]],
     tracer_provider: Any = None,
     preprocess_threads: int | None = None,
+    clock: Clock | None = None,
 ) -> ServerState:
-    """Services with warmed batchers for every model in ``cfg`` (blocking: runs the warm-up)."""
+    """Services with warmed batchers for every model in ``cfg`` (blocking: runs the warm-up).
+
+    ``clock``: what every service, batcher and guard reads the time from (``perf_counter_ns`` by default;
+    tests pass a ``FakeClock``)."""
     from latencylab.serve.guard import webhook_notifier
 
+    clock = clock if clock is not None else PerfCounterClock()
     metrics = ServerMetrics({m.name: m.slo_ms / 1e3 for m in cfg.models})
     n_pre = cfg.preprocess_threads if preprocess_threads is None else preprocess_threads
     pool = concurrent.futures.ThreadPoolExecutor(n_pre, thread_name_prefix="preprocess") if n_pre > 0 else None
     hook = webhook_notifier(cfg.webhook) if cfg.webhook else None
     services = {}
     for m in cfg.models:
-        svc = ModelService(m, variants_by_model[m.name], metrics, pool, hook, compute_threads=cfg.threads)
+        svc = ModelService(m, variants_by_model[m.name], metrics, pool, hook, compute_threads=cfg.threads, clock=clock)
         svc.warmup()
         metrics.ladder_level.labels(m.name).set(0)
         metrics.alarm.labels(m.name).set(0)
@@ -261,7 +288,7 @@ def build_state(
         from latencylab.serve.tracing import make_tracer_provider
 
         tracer_provider = make_tracer_provider(cfg.otlp_endpoint)
-    return ServerState(cfg, services, metrics, RequestTracer(tracer_provider), token)
+    return ServerState(cfg, services, metrics, RequestTracer(tracer_provider), token, clock=clock)
 
 
 def lifespan_app(state: ServerState) -> Starlette:

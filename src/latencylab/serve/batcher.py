@@ -16,6 +16,11 @@ run at a time, each on one of the variant's own compute threads (so a hung
 variant cannot block the other rungs of the ladder); on a CPU, N workers of
 one intra-op thread each use N cores with no intra-op synchronisation, which
 for small inputs beats one batch on N threads.
+
+Every time it reads (arrivals, releases, compute) comes from the injected
+:class:`~latencylab.clock.Clock` (``perf_counter_ns`` by default), so tests
+drive it with a ``FakeClock`` and get exact numbers. Waiting itself (the
+release timer) is the event loop's.
 """
 
 from __future__ import annotations
@@ -26,11 +31,11 @@ import contextlib
 import heapq
 import itertools
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from latencylab.clock import Clock, PerfCounterClock
 from latencylab.serve.types import ProtocolError, Tensor, Variant
 
 WARMUP_TOKENS = 2048  # bucketed warm-up times batches up to this many padded tokens (larger are extrapolated)
@@ -131,9 +136,12 @@ class Batcher:
         on_depth: Callable[[int], None] | None = None,
         workers: int = 1,
         thread_init: Callable[[], None] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
+        self.clock: Clock = clock if clock is not None else PerfCounterClock()
+        self.now_ns = now_reader(self.clock)
         self.variant = variant
         self.workers = workers
         self.max_batch = max(1, min(max_batch_size, variant.max_batch_size))
@@ -207,9 +215,9 @@ class Batcher:
         for size in sizes:
             if size > self.max_batch:
                 continue
-            t0 = time.perf_counter()
+            t0 = self.now_ns()
             self.variant.warmup([size])
-            elapsed = time.perf_counter() - t0
+            elapsed = (self.now_ns() - t0) / 1e9
             if items_fn is None:
                 self.model.observe(size, elapsed / 2)
                 continue
@@ -306,13 +314,13 @@ class Batcher:
         preprocess time (s). A ProtocolError from ``prepare`` propagates; a model error is a ModelFailure."""
         self.unreserve()
         bid = next(self._batch_ids)
-        released = time.perf_counter_ns()
+        released = self.now_ns()
         self._running[bid] = (released, self.predict(self._cheapest_bucket(), 1))
 
         def job() -> tuple[Any, float, tuple[list[tuple[Tensor, ...]], float, float, int]]:
-            t0 = time.perf_counter()
+            t0 = self.now_ns()
             item = prepare()
-            pre_s = time.perf_counter() - t0
+            pre_s = (self.now_ns() - t0) / 1e9
             return item, pre_s, self._compute([item])
 
         try:
@@ -361,7 +369,7 @@ class Batcher:
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
         self.unreserve()
-        now = time.perf_counter_ns()
+        now = self.now_ns()
         if self._last_arrival is not None:
             self._gap_s += 0.1 * ((now - self._last_arrival) / 1e9 - self._gap_s)
         self._last_arrival = now
@@ -372,7 +380,7 @@ class Batcher:
         if q is None:
             q = self._queues[bucket] = []
         target = deadline_ns if target_ns is None else min(target_ns, deadline_ns)
-        heapq.heappush(q, Job(deadline_ns, next(self._seq), item, time.perf_counter_ns(), fut, bucket, target))
+        heapq.heappush(q, Job(deadline_ns, next(self._seq), item, now, fut, bucket, target))
         self._queued += 1
         if self._on_depth is not None:
             self._on_depth(self._queued)
@@ -448,11 +456,11 @@ class Batcher:
         return jobs
 
     def _compute(self, items: list[Any]) -> tuple[list[tuple[Tensor, ...]], float, float, int]:
-        t_start = time.perf_counter_ns()
+        t_start = self.now_ns()
         raw = self.variant.forward(items)
-        t_fwd = time.perf_counter_ns()
+        t_fwd = self.now_ns()
         outs = self.variant.postprocess(raw, len(items))
-        t_end = time.perf_counter_ns()
+        t_end = self.now_ns()
         return outs, (t_fwd - t_start) / 1e9, (t_end - t_fwd) / 1e9, t_start
 
     async def _run(self) -> None:
@@ -461,7 +469,7 @@ class Batcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            now = time.perf_counter_ns()
+            now = self.now_ns()
             release_at, reason = self._release_at(now)
             if release_at > now:
                 self._wake.clear()
@@ -470,7 +478,7 @@ class Batcher:
                     continue  # something arrived or a worker freed: re-plan (the batch may now be full)
                 except TimeoutError:
                     pass
-            released = time.perf_counter_ns()
+            released = self.now_ns()
             jobs = self._take(released)
             bucket = jobs[0].bucket
             live = [j for j in jobs if not j.future.done()]  # done: the client went away or timed out
@@ -522,6 +530,12 @@ class Batcher:
                         postprocess_s=post_s,
                     )
                 )
+
+
+def now_reader(clock: Clock) -> Callable[[], int]:
+    """A function returning ``clock``'s time now, in ns (a host clock's marks resolve to themselves)."""
+    mark, resolve = clock.mark, clock.resolve
+    return lambda: int(resolve((mark(),))[0])
 
 
 def retry_after_header(seconds: float) -> str:

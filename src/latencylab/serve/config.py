@@ -13,7 +13,9 @@ Example (``serve.toml``)::
 
     [[models]]
     name = "text"               # built-in: text (MiniLM) or vision (digits CNN)
-    ladder = ["fp32", "trunc64", "int8", "cache"]   # primary -> lighter -> quantised -> cached answer + alarm
+    ladder = ["fp32-onnx", "trunc64", "int8", "cache"]   # primary -> lighter -> quantised -> cached answer + alarm
+    # from_optimize = "best/"   # or: serve what `latencylab optimize --out best/` found (ladder optional: the
+                                #   search's, serve/from_optimize.py); any name
     slo_ms = 100                # P99 objective the guard holds (quantile below)
     quantile = 0.99
     max_batch_size = 8
@@ -76,9 +78,13 @@ class ModelConfig:
     # "package.module:function": called as function(variant_names, max_batch_size, device) -> list of Variants,
     # for models that are not built in (e.g. an exported artifact wrapped in a Variant).
     factory: str | None = None
+    # an output directory of `latencylab optimize --out`: the ladder's rungs are its candidates (serve --from)
+    from_optimize: str | None = None
 
     def __post_init__(self) -> None:
-        if self.factory is None and self.name not in KNOWN_MODELS:
+        if self.factory is not None and self.from_optimize is not None:
+            raise LatencyLabError(f"model {self.name!r}: give either factory or from_optimize, not both")
+        if self.factory is None and self.from_optimize is None and self.name not in KNOWN_MODELS:
             raise LatencyLabError(
                 f"model {self.name!r}: unknown; built-in models are {', '.join(KNOWN_MODELS)} (or give a factory)"
             )
@@ -166,6 +172,10 @@ def parse_config(data: dict[str, Any], where: str = "config") -> ServerConfig:
         m = dict(m)
         if "ladder" in m:
             m["ladder"] = tuple(m["ladder"])
+        elif m.get("from_optimize"):
+            from latencylab.serve.from_optimize import load_plan
+
+            m["ladder"] = load_plan(str(m["from_optimize"])).ladder
         models.append(_build(ModelConfig, m, f"{where}: models[{i}]"))
     extra = set(data) - {"server", "models"}
     if extra:
@@ -184,11 +194,27 @@ def load_config(path: str | Path) -> ServerConfig:
     return parse_config(data, str(p))
 
 
+def default_ladder(model: str, device: str = "cpu") -> tuple[str, ...]:
+    """The built-in ladder of ``model``: its variants' default ladder (serve/variants.py ``LADDERS``) + cache.
+
+    Text on a CPU starts on ``fp32-onnx``, the fastest text runtime measured on these machines (docs/serve.md,
+    "Variants and runtimes"); ONNX Runtime's CPU provider cannot run on a GPU, so there the torch ``fp32`` leads.
+    """
+    from latencylab.serve.variants import LADDERS
+
+    if model not in LADDERS:
+        raise LatencyLabError(f"unknown model {model!r}; built-in models are {', '.join(KNOWN_MODELS)}")
+    names = [name for name, _ in LADDERS[model]]
+    if device != "cpu":
+        names = ["fp32" if n == "fp32-onnx" else n for n in names]
+    return (*names, "cache")
+
+
 def default_config(model: str = "text", **overrides: Any) -> ServerConfig:
     """The built-in config for one model with its full ladder (used by ``latencylab serve --model``)."""
-    ladders = {"text": ("fp32", "trunc64", "int8", "cache"), "vision": ("fp32", "res32", "int8", "cache")}
-    if model not in ladders:
+    if model not in KNOWN_MODELS:
         raise LatencyLabError(f"unknown model {model!r}; built-in models are {', '.join(KNOWN_MODELS)}")
     server = {k: v for k, v in overrides.items() if k in {f.name for f in fields(ServerConfig)}}
     mcfg = {k: v for k, v in overrides.items() if k in {f.name for f in fields(ModelConfig)}}
-    return ServerConfig(models=(ModelConfig(name=model, ladder=ladders[model], **mcfg),), **server)
+    ladder = default_ladder(model, str(server.get("device", "cpu")))
+    return ServerConfig(models=(ModelConfig(name=model, ladder=ladder, **mcfg),), **server)

@@ -1,4 +1,5 @@
-"""``latencylab serve``: build the config from a file or flags, load and warm the variants, serve."""
+"""``latencylab serve``: build the config from a file, flags or an optimize output directory (``--from``), load
+and warm the variants, serve."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from typing import Any
 from latencylab.errors import LatencyLabError
 from latencylab.serve.config import ModelConfig, ServerConfig, default_config, load_config
 
+log = logging.getLogger("latencylab.serve")
+
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    if args.config and args.model:
-        raise LatencyLabError("give either --config or --model, not both")
+    source = getattr(args, "from_dir", None)
+    if sum(1 for x in (args.config, args.model, source) if x) > 1:
+        raise LatencyLabError("give one of --config, --model or --from")
     model_over = {
         k: v
         for k, v in {
@@ -41,11 +45,21 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         if model_over:
             cfg = dataclasses.replace(cfg, models=tuple(dataclasses.replace(m, **model_over) for m in cfg.models))
         return dataclasses.replace(cfg, **server_over)
+    if source:
+        from latencylab.serve.from_optimize import load_plan
+
+        plan = load_plan(source)
+        model = ModelConfig(name=plan.workload, ladder=plan.ladder, from_optimize=str(source), **model_over)
+        return ServerConfig(models=(model,), **server_over)
     return default_config(args.model or "text", **model_over, **server_over)
 
 
 def load_variants(m: ModelConfig, device: str) -> list[Any]:
-    """The ladder's variants of one model: built-in, or from the model's ``factory``."""
+    """The ladder's variants of one model: built-in, from an optimize output directory, or from ``factory``."""
+    if m.from_optimize is not None:
+        from latencylab.serve.from_optimize import load_plan, plan_variants
+
+        return plan_variants(load_plan(m.from_optimize), m.variants, m.max_batch_size, device)
     if m.factory is None:
         from latencylab.serve.variants import build_variants
 
@@ -81,6 +95,12 @@ def run_serve_command(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     apply_process_settings(cfg)
+    for m in cfg.models:
+        if m.from_optimize is not None:  # which candidate fills which rung, before the minutes of loading
+            from latencylab.serve.from_optimize import load_plan
+
+            for line in load_plan(m.from_optimize).lines():
+                log.info("model %s: %s", m.name, line)
     if cfg.threads is not None:
         import torch
 

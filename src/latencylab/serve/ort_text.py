@@ -7,7 +7,8 @@ float rounding (cosine 1.000000 over the shipped corpus; the tests assert
 it). Any ONNX graph with the same interface (``input_ids``, ``attention_mask``
 int64 -> one (rows, hidden) float embedding), e.g. the text model that
 ``latencylab optimize --out`` exports, can be served with
-:func:`ort_text_variant`.
+:func:`ort_text_variant` (``latencylab serve --from DIR`` does it for every rung
+of an optimize output directory: serve/from_optimize.py).
 
 Why a second runtime for the same model (reference 2-vCPU VM, one 208-token passage, the corpus's p99
 length): the eager-attention export runs in 36-39 ms on 2 ORT threads (fused or not) against 59 ms for
@@ -37,12 +38,23 @@ import numpy as np
 from latencylab.errors import LatencyLabError, MissingDependencyError
 from latencylab.serve.variants import TextVariant
 
-__all__ = ["OrtTextVariant", "export_default", "export_text_onnx", "fused_onnx", "ort_text_variant", "text_onnx_path"]
+__all__ = [
+    "GRAPH_LEVELS",
+    "OrtTextVariant",
+    "export_default",
+    "export_text_onnx",
+    "fused_onnx",
+    "ort_session",
+    "ort_text_variant",
+    "text_onnx_path",
+]
 
 OPSET = 17
 # One more ORT call costs about as much as this many padded tokens (1 thread, MiniLM-L6, reference VM):
 # a call's fixed cost is far below torch eager's (Python per operator), so length groups split sooner.
 SPLIT_COST_TOKENS_ORT = 16
+# ONNX Runtime's graph optimisation levels, by the names optimize's recipes use (``params.graph_optimization``).
+GRAPH_LEVELS = ("disabled", "basic", "extended", "all")
 
 
 def _ort() -> Any:
@@ -148,13 +160,22 @@ def export_text_onnx(tokenizer: Any, encoder: Any, path: Path) -> Path:
     return path
 
 
-def _session(path: Path, threads: int, spin_us: int | None = None) -> Any:
+def ort_session(path: Path, threads: int, spin_us: int | None = None, graph: str = "all") -> Any:
+    """A CPU session over ``path``: ``threads`` intra-op threads, sequential, graph optimisation ``graph`` (one of
+    :data:`GRAPH_LEVELS`; a recipe's ``graph_optimization`` is served at the level it was measured at)."""
     ort = _ort()
+    if graph not in GRAPH_LEVELS:
+        raise LatencyLabError(f"unknown graph optimisation level {graph!r}; one of {', '.join(GRAPH_LEVELS)}")
     so = ort.SessionOptions()
     so.intra_op_num_threads = max(1, int(threads))
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.graph_optimization_level = {
+        "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[graph]
     # ORT's default, spinning workers, kept on purpose: with them asleep between operators every parallel
     # section pays a wake-up, and a served request mostly arrives to a sleeping pool (measured, 2 threads,
     # one request every 20 ms: a 17-token text 5.2-5.3 ms spinning against 7.2-8.6 ms not; a 208-token
@@ -170,7 +191,11 @@ def _session(path: Path, threads: int, spin_us: int | None = None) -> Any:
     try:
         return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types for unreadable/invalid models
-        raise LatencyLabError(f"{path}: ONNX Runtime cannot load it ({type(exc).__name__}: {exc})") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise LatencyLabError(f"{path}: ONNX Runtime cannot load it ({type(exc).__name__}: {first})") from None
+
+
+_session = ort_session  # the name tests and older callers use
 
 
 class OrtTextVariant(TextVariant):
@@ -192,11 +217,15 @@ class OrtTextVariant(TextVariant):
         *,
         threads: int = 1,
         fuse: tuple[int, int] | None = None,
+        graph: str = "all",
         **kw: Any,
     ) -> None:
         self.source = Path(path)
         self.path = fused_onnx(self.source, *fuse) if fuse else self.source
         self.threads = max(1, int(threads))
+        self.graph = graph
+        # where this rung comes from, for the model's metadata (serve --from fills it: serve/from_optimize.py)
+        self.provenance: dict[str, Any] = {}
         self._wide: Any = None
         self._wide_threads: int | None = None
         self._spin_us: int | None = None
@@ -206,7 +235,7 @@ class OrtTextVariant(TextVariant):
             raise LatencyLabError(f"variant {name!r}: the ONNX Runtime text variant runs on the CPU only")
 
     def _bind(self, model: Any) -> int:
-        self.session = _session(Path(model), self.threads, self._spin_us)
+        self.session = ort_session(Path(model), self.threads, self._spin_us, self.graph)
         inputs = {i.name for i in self.session.get_inputs()}
         if not {"input_ids", "attention_mask"} <= inputs:
             raise LatencyLabError(
@@ -227,9 +256,9 @@ class OrtTextVariant(TextVariant):
     @spin_us.setter
     def spin_us(self, us: int | None) -> None:
         self._spin_us = us
-        self.session = _session(self.path, self.threads, us)
+        self.session = ort_session(self.path, self.threads, us, self.graph)
         if self._wide is not None and self._wide_threads:
-            self._wide = _session(self.path, self._wide_threads, us)
+            self._wide = ort_session(self.path, self._wide_threads, us, self.graph)
 
     @property
     def intra_op_threads(self) -> int:
@@ -239,7 +268,7 @@ class OrtTextVariant(TextVariant):
     @intra_op_threads.setter
     def intra_op_threads(self, n: int) -> None:
         self.threads = max(1, int(n))
-        self.session = _session(self.path, self.threads, self._spin_us)
+        self.session = ort_session(self.path, self.threads, self._spin_us, self.graph)
 
     @property
     def wide_threads(self) -> int | None:
@@ -248,7 +277,7 @@ class OrtTextVariant(TextVariant):
     @wide_threads.setter
     def wide_threads(self, n: int | None) -> None:
         self._wide_threads = n
-        self._wide = _session(self.path, n, self._spin_us) if n and n != self.threads else None
+        self._wide = ort_session(self.path, n, self._spin_us, self.graph) if n and n != self.threads else None
 
     def _encode(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         session = self._wide if self._wide is not None and input_ids.shape[1] >= self.wide_tokens else self.session
@@ -269,7 +298,8 @@ def ort_text_variant(
 ) -> OrtTextVariant:
     """An ORT text variant over ``path``, or over the cached FP32 export of the packaged model (exported if
     missing). ``fuse``: serve the transformer optimizer's fused graph of it (made once, cached); it needs the
-    BERT's (attention heads, hidden size): ``heads_hidden``, known for the packaged model."""
+    BERT's (attention heads, hidden size): ``heads_hidden``, known for the packaged model. Other keywords go to
+    :class:`OrtTextVariant` (e.g. ``graph``, the session's graph optimisation level)."""
     if path is None:
         heads_hidden = heads_hidden or _packaged_shape()
         path = text_onnx_path()

@@ -3,6 +3,11 @@
 ``ModelService.infer`` is the whole request path after HTTP parsing:
 route (guard) -> cache rung or admission -> preprocess (thread pool, overlapping the running batch)
 -> deadline-aware batch -> response, with every stage timed for metrics, traces and the guard.
+
+Every time it reads comes from one injected :class:`~latencylab.clock.Clock`, shared with its batchers and
+its guard (``perf_counter_ns`` by default): a test passes a ``FakeClock`` and variants that advance it, and
+every latency, deadline and guard decision follows exactly. Timers (a request's deadline, the guard's
+evaluation period) still wait on the event loop.
 """
 
 from __future__ import annotations
@@ -11,15 +16,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from latencylab.serve.batcher import Batcher, BatchOutcome, DeadlineExceeded, ModelFailure, Shed
+from latencylab.clock import Clock, PerfCounterClock
+from latencylab.serve.batcher import Batcher, BatchOutcome, DeadlineExceeded, ModelFailure, Shed, now_reader
 from latencylab.serve.cache import ResultCache
 from latencylab.serve.config import ModelConfig
-from latencylab.serve.guard import Alarm, GuardConfig, SloGuard
+from latencylab.serve.guard import Alarm, GuardConfig, SloGuard, Transition
 from latencylab.serve.metrics import ServerMetrics
 from latencylab.serve.slack import BoundarySlack
 from latencylab.serve.types import InferRequest, InferResponse, ProtocolError, TensorSpec, Variant
@@ -39,7 +44,7 @@ class ServiceError(Exception):
 
 @dataclass(slots=True)
 class Timing:
-    """perf_counter_ns marks of one request, filled as it goes."""
+    """Marks (ns, on the service's clock) of one request, filled as it goes."""
 
     start: int
     age_ns: int = 0  # how long the request had existed when the handler started (X-Request-Start), >= 0
@@ -66,10 +71,15 @@ class ModelService:
         preprocess_pool: concurrent.futures.Executor | None,
         on_alarm: Any = None,
         compute_threads: int | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if [v.name for v in variants] != list(cfg.variants):
             raise ValueError("variants must follow the ladder order")
         self.cfg = cfg
+        self.clock: Clock = clock if clock is not None else PerfCounterClock()
+        self.now_ns = now_reader(self.clock)
+        # how often the background task evaluates the guard (s); None: no task, the owner calls evaluate_guard()
+        self.evaluate_every_s: float | None = 0.1
         self.name = cfg.name
         self.variants = list(variants)
         self.ladder = list(cfg.ladder)
@@ -77,7 +87,7 @@ class ModelService:
         self.pool = preprocess_pool
         self.cache = ResultCache(cfg.cache_entries, cfg.cache_ttl_s)
         guard_cfg = GuardConfig(slo_ms=cfg.slo_ms, q=cfg.quantile, **cfg.guard)
-        self.guard = SloGuard(self.ladder, guard_cfg, on_alarm=self._alarm(on_alarm))
+        self.guard = SloGuard(self.ladder, guard_cfg, self.clock, on_alarm=self._alarm(on_alarm))
         self.batchers: list[Batcher] = []
         self.boundary: list[BoundarySlack] = []  # per rung: admission slack from near-boundary errors (slack.py)
         self._slack_shown: list[int] = []
@@ -127,17 +137,19 @@ class ModelService:
                 on_batch=self._on_batch,
                 on_depth=self._on_depth,
                 workers=self.cfg.compute_workers,
+                clock=self.clock,
                 # No thread_init calling torch.set_num_threads(--threads) in the compute thread (OpenMP's count
                 # is per thread): it sped up the mean but, measured end to end, cut text capacity at
                 # p99 <= 100 ms from 3.8/s to 0.8/s (docs/BENCHMARKS.md); kept off until understood.
             )
-            t0 = time.perf_counter()
+            t0 = self.now_ns()
             b.warmup([s for s in sizes if s <= b.max_batch])
             items_fn = getattr(v, "warmup_items", None)
             if items_fn is not None and v is self.variants[0]:  # seed the preprocess estimate (median of 3)
-                runs = sorted(_timed(items_fn, 1)[0] for _ in range(3))
+                runs = sorted(_timed(self.now_ns, items_fn, 1)[0] for _ in range(3))
                 self.pre_s = runs[1]
-            log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, time.perf_counter() - t0, b.model.by_size)
+            elapsed = (self.now_ns() - t0) / 1e9
+            log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, elapsed, b.model.by_size)
             self.batchers.append(b)
             self.boundary.append(BoundarySlack(self.cfg.quantile))
             self._slack_shown.append(-1)
@@ -157,7 +169,8 @@ class ModelService:
     async def start(self) -> None:
         for b in self.batchers:
             b.start()
-        self._eval_task = asyncio.get_running_loop().create_task(self._evaluate_loop())
+        if self.evaluate_every_s is not None:
+            self._eval_task = asyncio.get_running_loop().create_task(self._evaluate_loop(self.evaluate_every_s))
 
     async def stop(self) -> None:
         if self._eval_task is not None:
@@ -165,18 +178,23 @@ class ModelService:
         for b in self.batchers:
             await b.stop()
 
-    async def _evaluate_loop(self) -> None:
+    async def _evaluate_loop(self, every_s: float) -> None:
         while True:
-            await asyncio.sleep(0.1)
-            t = self.guard.evaluate()
-            if t is not None:
-                self.metrics.ladder_level.labels(self.name).set(self.guard.level)
+            await asyncio.sleep(every_s)
+            self.evaluate_guard()
+
+    def evaluate_guard(self) -> Transition | None:
+        """Let the guard decide now (the background task does, every ``evaluate_every_s``); the step it made."""
+        t = self.guard.evaluate()
+        if t is not None:
+            self.metrics.ladder_level.labels(self.name).set(self.guard.level)
+        return t
 
     async def infer(
         self, request: InferRequest, timing: Timing, pinned: int | None = None
     ) -> tuple[InferResponse, dict[str, Any]]:
         """Serve one parsed request (at ``pinned`` level if given); raises ServiceError for anything but success."""
-        now = time.perf_counter_ns()
+        now = self.now_ns()
         deadline_ms = request.parameters.get("deadline_ms", self.cfg.default_deadline_ms)
         # the deadline counts from when the request started: the handler start, minus the age it arrived with
         deadline_ns = timing.start - timing.age_ns + int(float(deadline_ms) * 1e6)
@@ -287,7 +305,7 @@ class ModelService:
                 expired = True
                 fut.cancel()
 
-        remaining = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+        remaining = max(0.0, (deadline_ns - self.now_ns()) / 1e9)
         timer = loop.call_later(remaining + 0.005, expire)
         try:
             self._preprocess_then_submit(loop, batcher, request, timing, deadline_ns, fut)
@@ -327,7 +345,7 @@ class ModelService:
                     fut.set_exception(exc)
                 return
             self._observe_preprocess(took)
-            timing.preprocessed = time.perf_counter_ns()
+            timing.preprocessed = self.now_ns()
             if fut.done():  # the handler is gone (its client left, or its deadline passed): nothing to queue
                 batcher.unreserve()
                 return
@@ -338,7 +356,7 @@ class ModelService:
 
         if self.pool is None:  # inline on the event loop: no thread hand-over (one core: nothing to overlap)
             try:
-                took, item = _timed(variant.preprocess, request)
+                took, item = _timed(self.now_ns, variant.preprocess, request)
             except Exception as exc:  # the handler raises it (ProtocolError: 4xx)
                 on_loop(0.0, None, exc)
             else:
@@ -348,7 +366,7 @@ class ModelService:
         def work() -> None:
             took, item, err = 0.0, None, None
             try:
-                took, item = _timed(variant.preprocess, request)
+                took, item = _timed(self.now_ns, variant.preprocess, request)
             except Exception as exc:
                 err = exc
             with contextlib.suppress(RuntimeError):  # the loop closed (shutdown): nobody waits for the answer
@@ -384,7 +402,7 @@ class ModelService:
         task.add_done_callback(self._shadows.discard)
 
     async def _run_shadow(self, request: InferRequest, level: int, deadline_ms: float) -> None:
-        start = time.perf_counter_ns()
+        start = self.now_ns()
         deadline_ns = start + int(deadline_ms * 1e6)
         batcher = self.batchers[level]
         loop = asyncio.get_running_loop()
@@ -392,18 +410,17 @@ class ModelService:
         try:
             batcher.admit(deadline_ns, start, self.preprocess_lead_ns())
             self._preprocess_then_submit(loop, batcher, request, Timing(start), deadline_ns, fut)
-            await asyncio.wait_for(fut, max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9) + 0.005)
-            latency = time.perf_counter_ns() - start
+            await asyncio.wait_for(fut, max(0.0, (deadline_ns - self.now_ns()) / 1e9) + 0.005)
+            latency = self.now_ns() - start
         except Exception:  # a probe that fails or cannot be admitted is a slow probe
             latency = int(deadline_ms * 1e6)
         self.metrics.probes.labels(self.name, self.ladder[level]).inc()
         self.guard.observe(level, latency, probe=True)
 
-    @staticmethod
-    def _missed(boundary: BoundarySlack, deadline_ns: int, predicted: int, budget_ns: int) -> None:
+    def _missed(self, boundary: BoundarySlack, deadline_ns: int, predicted: int, budget_ns: int) -> None:
         """A request that missed its deadline would have finished after it (failed fast at release: later)."""
         if predicted:
-            now = time.perf_counter_ns()
+            now = self.now_ns()
             boundary.observe(now, min(max(now, deadline_ns) - predicted, budget_ns))
 
     def _penalise(self, level: int, routed: bool, deadline_ms: float) -> None:
@@ -413,7 +430,7 @@ class ModelService:
 
     def _served(self, level: int, timing: Timing, producer: str, routed: bool) -> None:
         # from when the request started (X-Request-Start, else handler start): the latency the client sees
-        latency = time.perf_counter_ns() - (timing.start - timing.age_ns)
+        latency = self.now_ns() - (timing.start - timing.age_ns)
         if routed:  # pinned and fall-through requests are not evidence for the guard
             self.guard.observe(level, latency, probe=level < self.guard.level)
         switch = self.guard.first_served(level)
@@ -422,8 +439,8 @@ class ModelService:
             log.warning("%s: first response from %s %.1f ms after the switch", self.name, producer, switch * 1e3)
 
 
-def _timed(fn: Any, arg: Any) -> tuple[float, Any]:
-    """(seconds ``fn(arg)`` took on the worker, its result): the wait for a worker is not counted."""
-    t0 = time.perf_counter()
+def _timed(now_ns: Callable[[], int], fn: Any, arg: Any) -> tuple[float, Any]:
+    """(seconds ``fn(arg)`` took on the worker by ``now_ns``, its result): the wait for a worker is not counted."""
+    t0 = now_ns()
     out = fn(arg)
-    return time.perf_counter() - t0, out
+    return (now_ns() - t0) / 1e9, out

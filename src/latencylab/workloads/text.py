@@ -13,6 +13,7 @@ Params: ``max_length`` (tokens, default 256 as the model was trained),
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -30,6 +31,23 @@ def corpus() -> tuple[str, ...]:
     """The shipped corpus, one text per line."""
     text = resources.files("latencylab.workloads").joinpath("data/corpus.txt").read_text(encoding="utf-8")
     return tuple(line for line in text.splitlines() if line.strip())
+
+
+def passages(tok: Any, texts: Sequence[str], n_tokens: int, count: int) -> list[str]:
+    """``count`` passages of at least ``n_tokens`` tokens (special tokens included): consecutive ``texts``
+    joined until the tokenizer's count reaches ``n_tokens``; truncating each to ``n_tokens`` gives inputs of
+    exactly ``n_tokens`` real tokens (no padding). Raises when the texts run out first."""
+    out: list[str] = []
+    buf: list[str] = []
+    for t in texts:
+        buf.append(t.strip())
+        joined = " ".join(buf)
+        if len(tok(joined, truncation=False)["input_ids"]) >= n_tokens:
+            out.append(joined)
+            buf = []
+            if len(out) == count:
+                return out
+    raise LatencyLabError(f"the corpus holds only {len(out)} passages of {n_tokens} tokens, {count} asked")
 
 
 def model_dir() -> Path:

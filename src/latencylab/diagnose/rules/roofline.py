@@ -1,11 +1,12 @@
 """Rule: place every timed variant of an ``optimize`` result on this machine's roofline.
 
-Each variant's p50 forward time, the baseline model's FLOPs (every variant computes the same function) and
-the bytes its dtype moves give achieved GFLOP/s and arithmetic intensity; the measured roofs (cached per
-machine by :mod:`latencylab.roofline.peaks`) give the attainable rate. One finding per optimize result: how
-far each variant is from its roof, which roof binds it, and the lever to pull. The roofs are this machine's:
-a result recorded elsewhere is placed under the wrong roofs, which the finding says when the result's CPU
-model differs.
+Each variant's p50 forward time, the FLOPs of the shapes it really ran (a variant that trims padding is
+credited with the real tokens only) and the bytes its dtype moves give achieved GFLOP/s and arithmetic
+intensity; the measured roofs (cached per machine by :mod:`latencylab.roofline.peaks`) give the attainable
+rate. One finding per optimize result: how far each variant is from its roof, which roof binds it, and the
+lever to pull; a variant above its roof is flagged as the measurement error it is. The roofs are this
+machine's: a result recorded elsewhere is placed under the wrong roofs, which the finding says when the
+result's CPU model differs.
 """
 
 from __future__ import annotations
@@ -51,33 +52,64 @@ def rule(results: Sequence[LoadedResult]) -> list[Finding]:
 
 
 def _finding(r: LoadedResult, workload: str, points: Sequence[Any]) -> Finding:
-    best = max(points, key=lambda p: p.achieved_gflops)
+    """One finding for the document's points; the headline is the chosen variant (else the fastest).
+
+    A point above its roof (``valid`` False: achieved > MAX_SHARE x attainable) is a measurement error: its
+    evidence says so instead of giving a share, it never heads the finding as a figure, and the finding is a
+    warning, since the roofline of that document cannot be trusted as it stands."""
+    from latencylab.roofline.model import MAX_SHARE
+
+    chosen = ((r.doc.get("summary") or {}).get("chosen") or {}).get("name")
     ev = []
     for p in points:
         unit = "GOP/s" if p.dtype == "int8" else "GFLOP/s"
-        ev.append(
-            Evidence(
-                f"{p.name} ({p.dtype}, {p.bound}-bound, {p.intensity:.1f} FLOP/B): achieved of attainable "
-                f"{p.attainable_gflops:.1f} {unit}; lever {p.lever}",
-                round(p.pct_of_attainable, 4),
-                "fraction",
-            )
+        label = (
+            f"{p.name} ({p.dtype}, {p.bound}-bound, {p.intensity:.1f} FLOP/B, {p.flops / 1e9:.3g} GFLOP per call): "
+            f"achieved of attainable {p.attainable_gflops:.1f} {unit}; lever {p.lever}"
         )
+        if p.valid:
+            ev.append(Evidence(label, round(p.pct_of_attainable, 4), "fraction"))
+        else:
+            ev.append(Evidence(label, p.share_text()))
     recorded = ((r.doc.get("env") or {}).get("cpu") or {}).get("model")
     from latencylab.roofline.theory import read_cpu
 
     here = read_cpu().model_name
     caveat = f" (recorded on {recorded!r}, roofs measured on {here!r})" if recorded and recorded != here else ""
+    head = next((p for p in points if p.name == chosen), None) or min(points, key=lambda p: p.seconds)
+    role = "chosen" if head.name == chosen else "fastest"
+    unit = "GOP/s" if head.dtype == "int8" else "GFLOP/s"
+    bad = [p for p in points if not p.valid]
+    if head.valid:
+        title = (
+            f"{workload} optimize variants on the roofline: {role} {head.name} at {head.achieved_gflops:.1f} "
+            f"{unit} = {head.share_text()} of its attainable {head.attainable_gflops:.1f}{caveat}"
+        )
+    else:
+        title = (
+            f"{workload} optimize variants on the roofline: {role} {head.name} measures above its roof "
+            f"({head.achieved_gflops:.1f} {unit} against an attainable {head.attainable_gflops:.1f}): a measurement "
+            f"error, not a share of the roof{caveat}"
+        )
+    if bad:
+        title += (
+            f"; {len(bad)} of {len(points)} variants above their roof (achieved > {MAX_SHARE:g}x attainable): "
+            "measurement errors"
+        )
     far = [p for p in points if p.pct_of_attainable < 0.3]
+    recommendation = f"{head.name}: {head.lever}: {head.lever_reason}"
+    if bad and head.valid:
+        recommendation += (
+            f". {', '.join(p.name for p in bad[:5])}{' ...' if len(bad) > 5 else ''}: achieved above the roof is a "
+            "measurement error (the work credited, the time or the measured peak is wrong): re-measure the peaks "
+            "with refresh=True on an idle machine"
+        )
     return Finding(
         rule=RULE,
-        severity="warning" if len(far) == len(points) else "info",
-        title=(
-            f"{workload} optimize variants on the roofline: fastest {best.name} at {best.achieved_gflops:.1f} "
-            f"GFLOP/s = {best.pct_of_attainable:.0%} of its attainable {best.attainable_gflops:.1f}{caveat}"
-        ),
+        severity="warning" if bad or len(far) == len(points) else "info",
+        title=title,
         evidence=tuple(ev),
-        recommendation=f"{best.name}: {best.lever}: {best.lever_reason}",
+        recommendation=recommendation,
         source=r.source,
         details={"points": [p.to_dict() for p in points]},
     )

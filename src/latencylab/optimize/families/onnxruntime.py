@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from latencylab.errors import LatencyLabError, MissingDependencyError
+from latencylab.optimize import shapes
 from latencylab.optimize.types import BuildContext, Candidate, Feed
 
 BACKEND = "onnxruntime"
@@ -86,28 +87,16 @@ def _onnx() -> Any:
 # ------------------------------------------------------------------ runner
 
 
-SHAPE_POLICIES = ("padded", "exact")
-
-
-def trim_padding(feed: Mapping[str, np.ndarray], mask_name: str = "attention_mask") -> dict[str, np.ndarray]:
-    """The feed cut to the last sequence position any row's mask attends to (right padding removed)."""
-    mask = feed.get(mask_name)
-    if mask is None or mask.ndim != 2:
-        return dict(feed)
-    cols = np.flatnonzero(mask.any(axis=0))
-    keep = int(cols[-1]) + 1 if cols.size else 1
-    if keep == mask.shape[1]:
-        return dict(feed)
-    return {n: (a[:, :keep] if a.ndim >= 2 and a.shape[:2] == mask.shape else a) for n, a in feed.items()}
+SHAPE_POLICIES = shapes.POLICIES
+trim_padding = shapes.trim_padding  # re-exported: it lived here first
 
 
 class OrtRunner:
     """One ``InferenceSession`` on the CPU provider: ``threads`` intra-op threads, one inter-op, sequential.
 
     ``run(feed)`` passes the session's inputs from the feed and returns the first output as float32.
-    ``shape_policy="exact"`` trims right padding first: every input shaped like ``attention_mask`` is cut to
-    the last position any row attends to (mask-preserving, so the output is the padded run's up to float
-    rounding; the work on padding tokens is not done).
+    ``shape_policy`` (:mod:`latencylab.optimize.shapes`) is applied to every feed first (``exact`` trims right
+    padding); ``tokens`` counts the sequence positions each call really ran.
     ``stats`` describes the built artifact (file, size, fusions, excluded nodes ...) for the search's record.
     """
 
@@ -117,12 +106,11 @@ class OrtRunner:
         threads: int = 1,
         graph_optimization: str = "all",
         stats: dict[str, Any] | None = None,
-        shape_policy: str = "padded",
+        shape_policy: str = shapes.AS_GIVEN,
     ) -> None:
         ort = _ort()
-        if shape_policy not in SHAPE_POLICIES:
-            raise LatencyLabError(f"unknown shape policy {shape_policy!r}; one of {SHAPE_POLICIES}")
-        self.trim = shape_policy == "exact"
+        self.shape_policy = shapes.normalise(shape_policy)
+        self.tokens = shapes.TokenCounter()
         if graph_optimization not in _GRAPH_LEVELS:
             raise LatencyLabError(f"unknown graph optimisation level {graph_optimization!r}; one of {_GRAPH_LEVELS}")
         so = ort.SessionOptions()
@@ -149,8 +137,8 @@ class OrtRunner:
             raise LatencyLabError(
                 f"feed has no input {exc.args[0]!r}; the model wants {list(self.input_names)}"
             ) from exc
-        if self.trim:
-            inputs = trim_padding(inputs)
+        inputs = shapes.apply(inputs, self.shape_policy)
+        self.tokens.count(inputs)
         out = self.session.run([self.output_name], inputs)[0]
         return np.asarray(out, dtype=np.float32)
 
@@ -742,7 +730,7 @@ def build_runner(ctx: BuildContext, params: Mapping[str, Any], name: str = "ort"
         stats.update(extra)
         q = params.get("quantization")
         path = _quantise(ctx, src, q, stats) if q else src
-        policy = str(params.get("shape_policy", "padded"))
+        policy = shapes.normalise(params.get("shape_policy"))
         return OrtRunner(path, ctx.threads, str(params.get("graph_optimization", "all")), stats, policy)
     except MissingDependencyError:
         raise
@@ -761,8 +749,10 @@ def _skip(params: Mapping[str, Any]) -> Callable[[BuildContext], str | None]:
             return f"CPU execution provider only (device is {ctx.device})"
         if params.get("source") == "fused" and params.get("fusion") is None and _transformer(ctx) is None:
             return NOT_A_TRANSFORMER
-        if params.get("shape_policy") == "exact" and "attention_mask" not in ctx.adapter.input_names:
-            return "shape policy 'exact' trims padding by the attention mask: this model has none"
+        if shapes.normalise(params.get("shape_policy")) == shapes.EXACT:
+            why_exact = shapes.exact_skip(ctx)
+            if why_exact:
+                return why_exact
         q = params.get("quantization") or {}
         if q.get("mode") == "static" and not ctx.adapter.calibration():
             return "no calibration feeds"
@@ -787,7 +777,8 @@ def candidate_from_params(name: str, family: str, params: Mapping[str, Any], des
     def build(ctx: BuildContext) -> OrtRunner:
         return build_runner(ctx, frozen, name)
 
-    return Candidate(name, family, BACKEND, frozen, build, _skip(frozen), description)
+    policy = shapes.normalise(frozen.get("shape_policy"))
+    return Candidate(name, family, BACKEND, frozen, build, _skip(frozen), description, input_policy=policy)
 
 
 def _dyn(

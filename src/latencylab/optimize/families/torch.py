@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from latencylab.errors import LatencyLabError, MissingDependencyError
+from latencylab.optimize import shapes
 from latencylab.optimize.types import BuildContext, Candidate, Feed
 
 try:
@@ -58,7 +59,9 @@ class TorchRunner:
     """Runs a torch module on numpy feeds under ``torch.inference_mode``; returns float32 numpy.
 
     Floating inputs (pixels) are cast to ``float_dtype`` when one is given (half-precision models);
-    integer inputs (token ids, masks) pass through. ``context`` wraps every call (an SDPA backend
+    integer inputs (token ids, masks) pass through. ``shape_policy`` (:mod:`latencylab.optimize.shapes`) is
+    applied to every feed first, exactly as the ONNX Runtime runner does; ``tokens`` counts what ran.
+    ``context`` wraps every call (an SDPA backend
     choice, TF32 flags) and is entered per call so that no global setting outlives the call.
     """
 
@@ -70,8 +73,11 @@ class TorchRunner:
         float_dtype: torch.dtype | None = None,
         context: ContextFactory | None = None,
         stats: dict[str, Any] | None = None,
+        shape_policy: str = shapes.AS_GIVEN,
     ) -> None:
         self.model = model
+        self.shape_policy = shapes.normalise(shape_policy)
+        self.tokens = shapes.TokenCounter()
         self.input_names = tuple(input_names)
         self.device = torch.device(device)
         self.float_dtype = float_dtype
@@ -92,6 +98,8 @@ class TorchRunner:
     def run(self, feed: Feed) -> np.ndarray:
         if self.model is None:
             raise LatencyLabError("runner is closed")
+        feed = shapes.apply(feed, self.shape_policy)
+        self.tokens.count(feed)
         args = self._tensors(feed)
         with torch.inference_mode(), self._context():
             out = self.model(*args)
@@ -238,13 +246,14 @@ def _half(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 # ------------------------------------------------------------------ precision
 
 
-def _fp32_build(ctx: BuildContext) -> TorchRunner:
+def _fp32_build(ctx: BuildContext, policy: str = shapes.AS_GIVEN) -> TorchRunner:
     model = ctx.adapter.torch_model().eval()
+    names = ctx.adapter.input_names
     if not _is_cuda(ctx):
-        return TorchRunner(_prepare(model, ctx), ctx.adapter.input_names, ctx.device)
+        return TorchRunner(_prepare(model, ctx), names, ctx.device, shape_policy=policy)
     model = _fresh(ctx)  # .to(device) moves a module in place: never move the adapter's
     ieee = functools.partial(_fp32_precision, "ieee")
-    return TorchRunner(_prepare(model, ctx), ctx.adapter.input_names, ctx.device, context=ieee)
+    return TorchRunner(_prepare(model, ctx), names, ctx.device, context=ieee, shape_policy=policy)
 
 
 def fp32_candidate() -> Candidate:
@@ -255,6 +264,21 @@ def fp32_candidate() -> Candidate:
         params={"dtype": "float32", "mode": "eager"},
         build=_fp32_build,
         description="PyTorch eager FP32: the reference output and the baseline latency",
+    )
+
+
+def fp32_exact_candidate() -> Candidate:
+    """Eager FP32 under shape policy ``exact``: the baseline model on the inputs an ``exact`` variant sees,
+    which splits an ``exact`` choice's gain into the pipeline change and the equal-work model speedup."""
+    return Candidate(
+        name="torch-fp32-exact",
+        family="shape",
+        backend="torch",
+        params={"dtype": "float32", "mode": "eager", "shape_policy": shapes.EXACT},
+        build=functools.partial(_fp32_build, policy=shapes.EXACT),
+        skip_reason=shapes.exact_skip,
+        description="PyTorch eager FP32 on each input's real length (right padding trimmed by the attention mask)",
+        input_policy=shapes.EXACT,
     )
 
 
@@ -289,7 +313,7 @@ def bf16_candidate(force: bool = False) -> Candidate:
     )
 
 
-def int8_dynamic_candidate() -> Candidate:
+def int8_dynamic_candidate(policy: str = shapes.AS_GIVEN) -> Candidate:
     def build(ctx: BuildContext) -> TorchRunner:
         model = _fresh(ctx)
         with warnings.catch_warnings():
@@ -299,16 +323,28 @@ def int8_dynamic_candidate() -> Candidate:
             q = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
         n = sum(1 for m in q.modules() if type(m).__module__.startswith("torch.ao.nn.quantized.dynamic"))
         stats = {"quantized_linear": n, "engine": torch.backends.quantized.engine}
-        return TorchRunner(_prepare(q, ctx), ctx.adapter.input_names, ctx.device, stats=stats)
+        return TorchRunner(_prepare(q, ctx), ctx.adapter.input_names, ctx.device, stats=stats, shape_policy=policy)
+
+    exact = policy == shapes.EXACT
+    params: dict[str, Any] = {
+        "dtype": "qint8", "modules": ["Linear"], "weights": "per-tensor", "activations": "dynamic"
+    }  # fmt: skip
+    if exact:
+        params["shape_policy"] = shapes.EXACT
+
+    def skip(ctx: BuildContext) -> str | None:
+        return _cpu_only(ctx, "dynamic INT8 (torch.ao)") or (shapes.exact_skip(ctx) if exact else None)
 
     return Candidate(
-        name="torch-int8-dynamic",
-        family="int8-dynamic",
+        name="torch-int8-dynamic-exact" if exact else "torch-int8-dynamic",
+        family="shape" if exact else "int8-dynamic",
         backend="torch",
-        params={"dtype": "qint8", "modules": ["Linear"], "weights": "per-tensor", "activations": "dynamic"},
+        params=params,
         build=build,
-        skip_reason=lambda ctx: _cpu_only(ctx, "dynamic INT8 (torch.ao)"),
-        description="torch.ao dynamic INT8 on every nn.Linear (weights INT8, activations quantised per call)",
+        skip_reason=skip,
+        description="torch.ao dynamic INT8 on every nn.Linear (weights INT8, activations quantised per call)"
+        + (", on each input's real length" if exact else ""),
+        input_policy=policy,
     )
 
 
@@ -684,6 +720,8 @@ def candidates(ctx: BuildContext, *, force_bf16: bool = False) -> list[Candidate
         prune_candidate(0.5, (1, 4)),
         prune_candidate(0.5, (4, 4)),
         fusion_candidate(),
+        fp32_exact_candidate(),
+        int8_dynamic_candidate(shapes.EXACT),
         fp16_cuda_candidate(),
         tf32_cuda_candidate(),
         cudagraphs_candidate(),
