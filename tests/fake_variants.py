@@ -1,4 +1,8 @@
-"""Variants with known, adjustable cost for server tests (Y = scale * X; forward sleeps ``delay_s``)."""
+"""Variants with known, adjustable cost for server tests (Y = scale * X; forward sleeps ``delay_s``).
+
+Given a ``FakeClock``, a variant spends its costs by advancing that clock instead of sleeping: a server built
+on the same clock then measures exactly ``delay_s`` per batch, however busy the machine is.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from latencylab.clock import FakeClock
 from latencylab.serve.types import InferRequest, ProtocolError, Tensor, TensorSpec
 
 
@@ -19,9 +24,16 @@ class FakeVariant:
     outputs = (TensorSpec("Y", "FP32", (-1, 4)),)
 
     def __init__(
-        self, name: str, delay_s: float = 0.002, scale: float = 2.0, max_batch_size: int = 8, pre_delay_s: float = 0.0
+        self,
+        name: str,
+        delay_s: float = 0.002,
+        scale: float = 2.0,
+        max_batch_size: int = 8,
+        pre_delay_s: float = 0.0,
+        clock: FakeClock | None = None,
     ) -> None:
         self.name = name
+        self.clock = clock  # spend costs on this clock instead of sleeping
         self.delay_s = delay_s
         self.pre_delay_s = pre_delay_s  # preprocess sleeps this long (like a JPEG decode)
         self.scale = scale
@@ -32,7 +44,7 @@ class FakeVariant:
 
     def preprocess(self, request: InferRequest) -> Any:
         if self.pre_delay_s:
-            time.sleep(self.pre_delay_s)
+            self._spend(self.pre_delay_s)
         x = request.input("X").data
         if x.shape[0] < 1:
             raise ProtocolError("input 'X': need at least one row")
@@ -43,8 +55,8 @@ class FakeVariant:
         if self.fail:
             raise RuntimeError("injected failure")
         if self.hang.is_set():
-            time.sleep(5.0)
-        time.sleep(self.delay_s)
+            time.sleep(5.0)  # real time, whatever the clock: a hung thread
+        self._spend(self.delay_s)
         return [x * self.scale for x in items]
 
     def postprocess(self, raw: Any, n: int) -> list[tuple[Tensor, ...]]:
@@ -54,14 +66,20 @@ class FakeVariant:
         out = []
         for _ in range(n):
             if self.pre_delay_s:
-                time.sleep(self.pre_delay_s)
+                self._spend(self.pre_delay_s)
             out.append(np.ones((1, 4), dtype=np.float32))
         return out
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         for _n in batch_sizes:
             for _ in range(2):
-                time.sleep(self.delay_s)
+                self._spend(self.delay_s)
+
+    def _spend(self, seconds: float) -> None:
+        if self.clock is None:
+            time.sleep(seconds)
+        else:
+            self.clock.advance(seconds * 1e9)
 
 
 def make(names: Sequence[str], max_batch_size: int, device: str) -> list[FakeVariant]:

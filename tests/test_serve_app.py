@@ -1,4 +1,10 @@
-"""The server in-process (Starlette TestClient) with fake variants of known cost."""
+"""The server in-process (Starlette TestClient) with fake variants of known cost.
+
+Where the server's logic is what is judged (the ladder, admission, deadlines from X-Request-Start), the server
+and its variants share a ``FakeClock``: a variant's cost advances the clock instead of sleeping, so every
+latency the server measures is exact and a busy machine changes nothing. The few tests whose point is real
+timing (concurrent batches, a hung thread, a real preprocess backlog) state their noise precondition.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from starlette.testclient import TestClient
 
 from fake_variants import FakeVariant
+from conftest import Noise
+from latencylab.clock import FakeClock
 from latencylab.serve.app import build_state, lifespan_app
 from latencylab.serve.config import ModelConfig, ServerConfig
 from latencylab.serve.tracing import make_tracer_provider
@@ -25,17 +33,19 @@ def _server(
     delays: dict[str, float] | None = None,
     exporter: Any = None,
     token_env: str | None = None,
+    clock: FakeClock | None = None,
     **model: Any,
 ) -> tuple[TestClient, dict[str, FakeVariant], Any]:
+    """A server over fake variants (forward ``delays[name]`` s, else 2 ms); with ``clock``, on that clock."""
     delays = delays or {}
-    variants = [FakeVariant(n, delays.get(n, 0.002)) for n in ladder if n != "cache"]
+    variants = [FakeVariant(n, delays.get(n, 0.002), clock=clock) for n in ladder if n != "cache"]
     cfg = ServerConfig(
         models=(ModelConfig(name="fake", ladder=ladder, factory="fake_variants:make", **model),),
         token_env=token_env,
         max_body_bytes=64 * 1024,
     )
     provider = make_tracer_provider(exporter=exporter) if exporter is not None else None
-    state = build_state(cfg, {"fake": variants}, tracer_provider=provider)
+    state = build_state(cfg, {"fake": variants}, tracer_provider=provider, clock=clock)
     return TestClient(lifespan_app(state)), {v.name: v for v in variants}, state
 
 
@@ -190,10 +200,18 @@ def test_spans_per_stage_with_context_propagation() -> None:
 
 
 def test_ladder_steps_down_to_lighter_then_cache_and_back_up() -> None:
+    """On a fake clock (exact latencies, the test evaluates the guard after every request): fp32 breaches its
+    15-ms SLO and the guard steps down to light; light breaches too and the guard steps down to the cache and
+    raises the alarm; once both recover, probes (shadows: users are answered by the current rung) step it back
+    up to light, then fp32, and the alarm clears. Each switch is seen by the very next request."""
     guard = {"window_s": 2.0, "bucket_s": 0.25, "dwell_s": 0.3, "min_samples": 10, "probe_fraction": 0.25,
              "probe_min_samples": 5}  # fmt: skip
-    c, v, state = _server(delays={"fp32": 0.03, "light": 0.001}, slo_ms=15, guard=guard, max_queue_delay_ms=1)
+    clock = FakeClock()
+    c, v, state = _server(delays={"fp32": 0.03, "light": 0.001}, slo_ms=15, guard=guard, max_queue_delay_ms=1,
+                          clock=clock)  # fmt: skip
     svc = state.services["fake"]
+    svc.evaluate_every_s = None  # no background evaluation at real-time moments: drive() evaluates
+    gap_ns = 5_000_000  # between two requests
 
     def drive(n: int) -> list[str]:
         out = []
@@ -201,34 +219,50 @@ def test_ladder_steps_down_to_lighter_then_cache_and_back_up() -> None:
             r = c.post("/v2/models/fake/infer", json={"inputs": [{**BODY["inputs"][0], "data": [i % 5, 2, 3, 4]}]})
             assert r.status_code == 200, r.text
             out.append(r.json()["model_version"])
-            time.sleep(0.005)
+            _settle(svc)  # a probe's shadow finishes before the clock moves on
+            svc.evaluate_guard()
+            clock.advance(gap_ns)
         return out
 
     with c:
-        drive(30)  # fp32 breaches the 15 ms SLO
-        time.sleep(0.3)
+        first = drive(30)  # fp32 breaches the 15 ms SLO once 10 samples are in and the dwell has passed
         assert svc.guard.level_name == "light"
-        assert set(drive(10)) == {"light"}  # probes of fp32 are shadows: users are answered by light
+        assert first[:10] == ["fp32"] * 10 and set(first[10:]) == {"light"}
+        assert set(drive(10)) == {"light"}
         v["light"].delay_s = 0.03  # now the lighter one is slow too -> cached answers + alarm
-        drive(30)
-        time.sleep(0.3)
+        second = drive(30)
         assert svc.guard.level_name == "cache"
+        assert "cache" in second and set(second[second.index("cache") :]) == {"cache"}  # every key was answered
         cached = c.post("/v2/models/fake/infer", json={"inputs": [{**BODY["inputs"][0], "data": [1, 2, 3, 4]}]}).json()
         assert cached["model_version"] == "cache" and cached["parameters"]["producer"] == "cache"
         assert 'latencylab_server_alarm{model="fake"} 1.0' in c.get("/metrics").text
         v["light"].delay_s = 0.001
         v["fp32"].delay_s = 0.001
+        shadows = v["light"].batch_sizes.copy()
+        served: list[str] = []
         for _ in range(20):  # probes find the upper rungs healthy again
-            drive(10)
-            time.sleep(0.05)
+            served += drive(10)
             if svc.guard.level_name == "fp32":
                 break
         assert svc.guard.level_name == "fp32"
         assert 'latencylab_server_alarm{model="fake"} 0.0' in c.get("/metrics").text
-    downs = [t for t in svc.guard.transitions if t.to_level > t.from_level]
-    assert [t.to_name for t in downs] == ["light", "cache"]
-    switch = [t.switch_time_s for t in svc.guard.transitions if t.switch_time_s is not None]
-    assert switch and all(s < 1.0 for s in switch)
+        # the probes of light ran while users were answered from the cache: shadows, not user answers
+        assert served[0] == "cache" and len(v["light"].batch_sizes) > len(shadows)
+    downs = [t.to_name for t in svc.guard.transitions if t.to_level > t.from_level]
+    ups = [t.to_name for t in svc.guard.transitions if t.to_level < t.from_level]
+    assert (downs, ups) == (["light", "cache"], ["light", "fp32"])
+    # decision -> first user response at the new rung: the gap to the next request plus its compute (1 or 30 ms)
+    switch = [t.switch_time_s for t in svc.guard.transitions]
+    print("DEBUG", switch, [(t.at_s, t.to_name, t.reason) for t in svc.guard.transitions])
+    assert all(s is not None and gap_ns / 1e9 <= s <= gap_ns / 1e9 + 0.0301 for s in switch), switch
+
+
+def _settle(svc: Any, timeout_s: float = 10.0) -> None:
+    """Wait (real time) until no shadow request of ``svc`` is in flight."""
+    give_up = time.monotonic() + timeout_s
+    while svc._shadows:
+        assert time.monotonic() < give_up, "a shadow request never finished"
+        time.sleep(0.001)
 
 
 def test_deadline_from_header_or_parameter() -> None:

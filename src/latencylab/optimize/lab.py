@@ -237,11 +237,12 @@ def headline(s: dict[str, Any]) -> str:
     by_set = s.get("speedup_by_set") or {}
     parts = ", ".join(f"{v:.2f}x on {k}" for k, v in by_set.items() if v)
     base = (s.get("baseline") or {}).get("name", "the baseline")
-    line = f"{ch}: {parts or '?'} faster (p50) than {base} at equal work (same inputs), inside {s.get('budget')}"
+    line = f"{ch}: faster (p50) than {base} at equal work (same inputs) by {parts or '?'}, inside {s.get('budget')}"
     pipe = s.get("pipeline_speedup_by_set") or {}
     if any(pipe.values()):
         gains = ", ".join(f"{v:.2f}x on {k}" for k, v in pipe.items() if v)
-        line += f"; plus a pipeline change (shape policy '{s.get('input_policy')}'): {gains} on the inputs declared"
+        policy = s.get("input_policy")
+        line += f"; the pipeline change (shape policy '{policy}') gains {gains} more on the declared inputs"
     return line
 
 

@@ -560,7 +560,7 @@ def _place_labels(fig: Figure, ax: Axes, items: Sequence[tuple[str, float, float
         best: tuple[float, int] | None = None
         for k, (r, deg) in enumerate(rings):
             t = _ring_label(ax, text, x, y, colour, r, deg)
-            cost = clash(t.get_window_extent(renderer).padded(2 * px))
+            cost = clash(_text_box(t, renderer, px))
             t.remove()
             if best is None or cost < best[0]:
                 best = (cost, k)
@@ -568,7 +568,15 @@ def _place_labels(fig: Figure, ax: Axes, items: Sequence[tuple[str, float, float
                 break
         assert best is not None
         t = _ring_label(ax, text, x, y, colour, *rings[best[1]])  # the first free spot, else the least covered
-        taken.append(t.get_window_extent(renderer).padded(2 * px))
+        taken.append(_text_box(t, renderer, px))
+
+
+def _text_box(t: Any, renderer: Any, px: float) -> Any:
+    """The display box of an annotation's text (padded by 2 points), without its leader line."""
+    from matplotlib.text import Text
+
+    t.update_positions(renderer)
+    return Text.get_window_extent(t, renderer).padded(2 * px)
 
 
 def _ring_label(ax: Axes, text: str, x: float, y: float, colour: str, r: float, deg: float) -> Any:
