@@ -251,10 +251,10 @@ def test_ladder_steps_down_to_lighter_then_cache_and_back_up() -> None:
     downs = [t.to_name for t in svc.guard.transitions if t.to_level > t.from_level]
     ups = [t.to_name for t in svc.guard.transitions if t.to_level < t.from_level]
     assert (downs, ups) == (["light", "cache"], ["light", "fp32"])
-    # decision -> first user response at the new rung: the gap to the next request plus its compute (1 or 30 ms)
+    # decision -> first user response at the new rung: the gap to the next request plus its compute (1 ms at
+    # light and fp32, nothing for a cache hit)
     switch = [t.switch_time_s for t in svc.guard.transitions]
-    print("DEBUG", switch, [(t.at_s, t.to_name, t.reason) for t in svc.guard.transitions])
-    assert all(s is not None and gap_ns / 1e9 <= s <= gap_ns / 1e9 + 0.0301 for s in switch), switch
+    assert switch == pytest.approx([0.006, 0.005, 0.006, 0.006]), switch
 
 
 def _settle(svc: Any, timeout_s: float = 10.0) -> None:

@@ -6,7 +6,10 @@ import asyncio
 import json
 import time
 
+import pytest
+
 from fake_variants import FakeVariant
+from latencylab.clock import FakeClock
 from latencylab.serve import protocol
 from latencylab.serve.app import build_state
 from latencylab.serve.config import ModelConfig, ServerConfig
@@ -159,3 +162,37 @@ def test_requests_are_queued_with_start_plus_slo_as_their_target() -> None:
     assert target == deadline == start + 50 * 10**6
     (deadline, target, start), *_ = targets("deadline", 5000)
     assert target == deadline == start + 5000 * 10**6
+
+
+def test_admission_counts_the_preprocess_backlog() -> None:
+    """On a fake clock: warm-up measured a 200-ms preprocess (2 pool workers) and a 20-ms batch; 30 requests
+    with a 700-ms deadline arrive at once. Admission plans each behind those admitted before it and still
+    preprocessing: the k-th (from 0) is preprocessed after 1 + k // 2 waves of 200 ms, then needs its 20-ms
+    batch and the 3-ms release margin, so 200 (1 + k // 2) + 23 <= 700 admits k = 0..5. Exactly those 6 are
+    answered; the other 24 are refused at once (503, deadline), not admitted to miss their deadline."""
+    clock = FakeClock()
+    variant = FakeVariant("fp32", 0.02, pre_delay_s=0.2, clock=clock)
+    cfg = ServerConfig(models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make"),))
+    svc = build_state(cfg, {"fake": [variant]}, clock=clock).services["fake"]
+    assert svc.pool_workers == 2
+    assert svc.pre_s == pytest.approx(0.2) and svc.batchers[0].model.predict(1) == pytest.approx(0.02)
+    # From here on preprocessing costs no fake time: two pool threads advancing one clock would add their times
+    # up instead of overlapping them. All 30 admissions are decided before any preprocessing has finished.
+    variant.pre_delay_s = 0.0
+    body = {**BODY, "parameters": {"deadline_ms": 700}}
+    req = protocol.parse_infer_request(json.dumps(body).encode(), "fake", None, svc.inputs)
+
+    async def go() -> list[int]:
+        await svc.start()
+        try:
+            now = clock.now_ns
+            results = await asyncio.gather(*[svc.infer(req, Timing(now)) for _ in range(30)], return_exceptions=True)
+        finally:
+            await svc.stop()
+        return [200 if not isinstance(r, BaseException) else getattr(r, "status", -1) for r in results]
+
+    codes = asyncio.run(go())
+    assert codes == [200] * 6 + [503] * 24, codes
+    assert b'latencylab_server_shed_total{model="fake",reason="deadline"} 24.0' in svc.metrics.exposition()
+    batcher = svc.batchers[0]
+    assert batcher._reserved == 0 and svc.preprocessing == 0 and svc.in_flight == 0

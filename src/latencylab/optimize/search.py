@@ -282,14 +282,14 @@ def _measure_interleaved(
     clock: Callable[[], int] = time.perf_counter_ns,
 ) -> dict[str, dict[str, list[int]]]:
     """candidate -> set -> timed calls. Each round visits every live candidate in an order rotated by one,
-    and each visit runs ``per_round`` calls on every input set (cycling through its feeds)."""
+    and each visit runs ``per_round`` calls on every input set: round r runs feeds r*per_round onwards
+    (cycling), the same feeds for every candidate, so inputs of varied lengths never favour one of them."""
     names = list(runners)
     for n in names:
         for feeds in sets.values():
             for i in range(warmup):
                 runners[n].run(feeds[i % len(feeds)])
     samples: dict[str, dict[str, list[int]]] = {n: {s: [] for s in sets} for n in names}
-    cursor = dict.fromkeys(sets, 0)
     max_rounds = max(rounds.values()) if rounds else 0
     for r in range(max_rounds):
         order = names[r % len(names) :] + names[: r % len(names)] if names else []
@@ -299,14 +299,12 @@ def _measure_interleaved(
             run = runners[n].run
             for set_name, feeds in sets.items():
                 out = samples[n][set_name]
-                k = cursor[set_name]
-                for _ in range(per_round):
+                # round r runs the same feeds for every candidate: equal work, whatever the lengths
+                for k in range(r * per_round, (r + 1) * per_round):
                     feed = feeds[k % len(feeds)]
-                    k += 1
                     t0 = clock()
                     run(feed)
                     out.append(clock() - t0)
-                cursor[set_name] = k
     return samples
 
 

@@ -484,7 +484,7 @@ def fidelity_loss(doc: Mapping[str, Any]) -> FidelityLoss:
     def bound(metric: str, complement: bool) -> tuple[float | None, str]:
         for m, _, v, clause in terms:
             if m == metric:
-                return (1.0 - v if complement else v), clause
+                return (round(1.0 - v, 12) if complement else v), clause  # 1 - 0.99 = 0.01, not 0.010000000000000009
         return None, ""
 
     if any(fid(c, "accuracy") is not None for c in cands):
@@ -645,8 +645,6 @@ def pareto_figure(doc: Mapping[str, Any]) -> tuple[Figure, list[str]]:
         xs = [x for x, _ in pts.values()]
         ax.set_xlim(min(xs) / 1.25, max(xs) * 1.25)
     ax.axhline(floor, color="0.6", lw=0.8, ls=":", zorder=1)
-    ax.annotate(f"{floor:.0e} or less, 0 included (equal to FP32)", (0.0, floor), fontsize=8, color="0.45",
-                xycoords=("axes fraction", "data"), xytext=(4, 3), textcoords="offset points", va="bottom")  # fmt: skip
     if loss.bound:
         ax.axhspan(loss.bound, top * 2.5, color=DEADLINE, alpha=0.05, lw=0, zorder=0)
         ax.axhline(loss.bound, color=DEADLINE, ls="--", lw=1.4, zorder=2)
@@ -678,10 +676,14 @@ def pareto_figure(doc: Mapping[str, Any]) -> tuple[Figure, list[str]]:
         handles.append(Line2D([], [], marker="D", ls="", ms=9, mfc="none", mec="0.15", label=f"baseline: {base}"))
     if loss.bound:
         handles.append(Line2D([], [], color=DEADLINE, ls="--", lw=1.4, label=f"fidelity budget ({loss.clause})"))
+    handles.append(Line2D([], [], color="0.6", ls=":", lw=0.8, label=f"{loss.short} <= {floor:.0e}, 0 included"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8.5, framealpha=0.9)
     model = (doc.get("model") or {}).get("model", "")
-    fig.suptitle(f"Optimisation: latency vs fidelity ({model.split('/')[-1]}, {len(pts)} candidates)", fontsize=13)
-    ax.set_title(str(s.get("verdict", "")), fontsize=9, color="0.3", wrap=True)
+    # the titles over the axes, not the figure: the legend beside the axes would cover a centred suptitle
+    ax.set_title(f"Optimisation: latency vs fidelity ({model.split('/')[-1]}, {len(pts)} candidates)", fontsize=13,
+                 pad=20)  # fmt: skip
+    ax.annotate(str(s.get("verdict", "")), (0.5, 1.0), xycoords="axes fraction", xytext=(0, 5),
+                textcoords="offset points", ha="center", va="bottom", fontsize=9, color="0.3")  # fmt: skip
     named = [n for n in dict.fromkeys([*front, *([chosen] if chosen else [])]) if n in pts]
     items = [(n, *pts[n], CHOSEN if n == chosen else "0.15") for n in named]
     _place_labels(fig, ax, items, np.asarray(list(pts.values())) if pts else np.empty((0, 2)))

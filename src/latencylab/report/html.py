@@ -370,7 +370,7 @@ def _speedup_table(s: Mapping[str, Any]) -> str:
     model = s.get("speedup", s.get("speedup_p50"))
     if not figures.finite(model) and not figures.finite(s.get("total_speedup")):
         return ""
-    rows = [["model, at equal work (the baseline's inputs)" if "speedup" in s else "baseline p50 / chosen p50",
+    rows = [[_e("model, at equal work (the baseline's inputs)" if "speedup" in s else "baseline p50 / chosen p50"),
              f"<b>{_x(model)}</b>"]]  # fmt: skip
     pipeline = s.get("pipeline_speedup")
     if "pipeline_speedup" in s:
