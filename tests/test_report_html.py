@@ -351,6 +351,8 @@ def test_optimize_headline_splits_the_speedup() -> None:
         return html.split('<section id="optimize">', 1)[1].split("</section>", 1)[0]
 
     text = section(optimize_doc())
+    glance = render_report(ReportInput(results=(LoadedResult("opt.json", "optimize", optimize_doc()),)))
+    assert "speed-up 3.40x at equal work x 1.60x pipeline = 5.44x in total" in glance
     assert 'model, at equal work (the baseline&#x27;s inputs)</td><td class="num"><b>3.40x</b>' in text
     assert 'pipeline (a shape policy changed the inputs)</td><td class="num">1.60x' in text
     assert 'total (model x pipeline)</td><td class="num"><b>5.44x</b>' in text

@@ -366,8 +366,7 @@ def test_each_variant_is_credited_with_the_work_it_did() -> None:
     assert points["torch-fp32-exact"].flops == pytest.approx(exact)
     assert exact != pytest.approx(flops[22]) and exact < flops[128] / 5
     assert points["torch-fp32-exact"].achieved_gflops == pytest.approx(exact / 0.008 / 1e9)
-    assert sorted(set(calls)) == [(1, n) for n in sorted({128, *LENS})]  # each distinct length counted
-    assert len(calls) == 1 + 3 + 3  # once per distinct length per variant (shape_counter caches across them)
+    assert sorted(calls) == [(1, n) for n in sorted({128, *LENS})]  # each distinct shape counted once
     # credited with real work the exact variants stay under their roofs; the padded one is told to trim
     assert all(p.valid for p in points.values()), [(p.name, p.pct_of_attainable) for p in points.values()]
     assert (
@@ -426,6 +425,32 @@ def test_old_documents_fall_back_and_an_over_the_roof_credit_is_flagged(monkeypa
     assert g.title.startswith("text optimize variants on the roofline: chosen ort-int8-dynamic-exact at ")
 
 
+def test_many_lengths_take_five_counts_when_the_work_is_quadratic_in_the_length() -> None:
+    from latencylab.roofline.flops import Work, works_at_lengths
+
+    lens = list(range(5, 251, 7))  # 36 distinct lengths
+    calls: list[tuple[int, int]] = []
+    quad = _fake_work_at(calls)
+    got = works_at_lengths(quad, 2, lens)
+    assert len(calls) == 5 and set(got) == set(lens)  # 3 to fit, 2 to check the fit
+    for n in lens:
+        exact = quad(2, n)
+        assert (got[n].flops, got[n].activation_elems, got[n].other_weight_elems) == (
+            exact.flops, exact.activation_elems, exact.other_weight_elems
+        )  # fmt: skip
+
+    def branchy(batch: int, seq: int) -> Work:  # not one polynomial: a different path above 100 positions
+        calls.append((batch, seq))
+        return Work(1e6 * seq * (3 if seq > 100 else 1), 10, 10 * seq, 100 * seq)
+
+    calls.clear()
+    got = works_at_lengths(branchy, 1, lens)
+    assert sorted(calls) == [(1, n) for n in lens]  # the check failed: every length counted
+    assert got[250].flops == 3 * 250e6 and got[54].flops == 54e6
+    calls.clear()
+    assert set(works_at_lengths(quad, 1, [8, 16, 32])) == {8, 16, 32} and len(calls) == 3  # few: each counted
+
+
 def test_shape_counter_counts_the_text_model_once_per_length() -> None:
     pytest.importorskip("transformers")
     from latencylab.roofline import api
@@ -442,3 +467,19 @@ def test_shape_counter_counts_the_text_model_once_per_length() -> None:
     assert w16.flops == pytest.approx(16 * per_token + 2 * 6 * 16 * 16 * 384 * 2, rel=0.02)
     assert 2 * w16.flops < w32.flops < 2.1 * w16.flops
     assert w16.linear_weight_elems == w32.linear_weight_elems  # the same weights read at any length
+    # MiniLM's counts are quadratic in the length: of seven lengths, five are counted (three to fit, two to
+    # check) and 16 and 32 interpolated, equal to their direct counts above
+    from latencylab.roofline.flops import works_at_lengths
+
+    counted: list[int] = []
+
+    def counting(batch: int, seq: int) -> Any:
+        counted.append(seq)
+        return at(batch, seq)
+
+    got = works_at_lengths(counting, 1, [5, 9, 16, 24, 32, 40, 64])
+    assert sorted(counted) == [5, 9, 24, 40, 64]
+    for direct, n in ((w16, 16), (w32, 32)):
+        assert (got[n].flops, got[n].linear_weight_elems, got[n].other_weight_elems, got[n].activation_elems) == (
+            direct.flops, direct.linear_weight_elems, direct.other_weight_elems, direct.activation_elems
+        )  # fmt: skip

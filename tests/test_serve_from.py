@@ -370,8 +370,8 @@ def test_bad_directory_through_the_real_command_line(tmp_path: Path) -> None:
 def _optimize(tmp: Path, workload: str, only: tuple[str, ...]) -> Path:
     from latencylab.optimize.lab import LabConfig, run_lab
 
-    # 20 calls per candidate and input set: enough for the choice's p50 CI to clear the baseline's
-    cfg = LabConfig(workload=workload, only=only, rounds=4, per_round=5, time_budget_s=None)
+    # 30 calls per candidate and input set: enough for the choice's p50 CI to clear the baseline's on a busy machine
+    cfg = LabConfig(workload=workload, only=only, rounds=6, per_round=5, time_budget_s=None)
     out = tmp / "best"
     doc = run_lab(cfg, out, workdir=tmp / "work")
     assert doc["summary"]["chosen"] is not None, doc["summary"]
@@ -381,7 +381,8 @@ def _optimize(tmp: Path, workload: str, only: tuple[str, ...]) -> Path:
 
 @pytest.fixture(scope="module")
 def text_best(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    only = ("ort-fp32", "ort-int8-dynamic-default", "ort-int8-dynamic-perchannel")
+    # FP32 and three INT8 recipes, 1.2-6x faster than eager torch: inside the budget and outside, on the front
+    only = ("ort-fp32", "ort-int8-dynamic-default", "ort-int8-dynamic-perchannel", "ort-int8-dynamic-fused-perchannel")
     return _optimize(tmp_path_factory.mktemp("opt-text"), "text", only)
 
 

@@ -130,7 +130,9 @@ def test_default_ladders_satisfy_the_variant_protocol(
 def test_registry_refuses_unknown_names_and_lists_the_known_ones() -> None:
     with pytest.raises(LatencyLabError, match="unknown model 'audio'; known models: text, vision"):
         build_variants("audio")
-    with pytest.raises(LatencyLabError, match=r"unknown variant\(s\) 'fp16'.*known variants: fp32, trunc64, int8"):
+    with pytest.raises(
+        LatencyLabError, match=r"unknown variant\(s\) 'fp16'.*known variants: fp32-onnx, trunc64, int8, fp32,"
+    ):
         build_variants("text", ["fp32", "fp16"])
     with pytest.raises(LatencyLabError, match="known variants: fp32, res32, int8"):
         build_variants("vision", ["minilm-l3"])

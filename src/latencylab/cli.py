@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="send X-Request-Start: t=<unix µs of the intended send time> (servers count deadlines from it)",
     )
+    ld.add_argument(
+        "--spin",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="busy-wait the last 1.5 ms before each send: only while a core is free for it (auto), always, never",
+    )
     ld.add_argument("--seed", type=int, default=0)
     ld.add_argument("--json", metavar="PATH", help="write the result as JSON")
     ld.add_argument("--requests-jsonl", metavar="PATH", help="write one JSON line per request")

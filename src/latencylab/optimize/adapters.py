@@ -26,8 +26,8 @@ class TextAdapter:
     * ``passages{seq_len}``: passages of exactly ``seq_len`` real tokens (consecutive held-out lines joined,
       then truncated), no padding at all: the "batch 1, sequence 128" of a long input.
 
-    Held-out: corpus lines whose index is not a multiple of 5; calibration: the multiples of 5 (tokenised
-    like ``sentences``).
+    Held-out: corpus lines whose index is not a multiple of 5; calibration: the multiples of 5, padded to
+    ``seq_len`` (one shape: ONNX Runtime's histogram calibrators stack activations across inputs).
     """
 
     name = "text"
@@ -79,12 +79,12 @@ class TextAdapter:
         export_embedding_onnx(model, args, str(path), opset)
         return path
 
-    def _feeds(self, texts: list[str]) -> list[Feed]:
+    def _feeds(self, texts: list[str], padding: str | None = None) -> list[Feed]:
         tok, _ = self._loaded
         out = []
         for i in range(0, len(texts) - self.batch_size + 1, self.batch_size):
             chunk = texts[i : i + self.batch_size]
-            if self.padding == "longest":
+            if (padding or self.padding) == "longest" or not self.seq_len:
                 enc = tok(chunk, padding="longest", truncation=True, max_length=256, return_tensors="np")
             else:
                 enc = tok(chunk, padding="max_length", truncation=True, max_length=self.seq_len, return_tensors="np")
@@ -128,7 +128,9 @@ class TextAdapter:
         return self._feeds(self._splits[0][: self.n_heldout * self.batch_size])
 
     def calibration(self) -> list[Feed]:
-        return self._feeds(self._splits[1][: self.n_calib * self.batch_size])
+        # one shape for every calibration input: ONNX Runtime's histogram calibrators (entropy, percentile)
+        # stack activations across inputs; padded positions are masked out of the output like at run time
+        return self._feeds(self._splits[1][: self.n_calib * self.batch_size], padding="max_length")
 
     def labels(self) -> np.ndarray | None:
         return None

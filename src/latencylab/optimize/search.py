@@ -373,14 +373,14 @@ def search(
                 input_policy=cand.input_policy, **kw,
             )  # fmt: skip
 
-        if i > 0 and cand.name not in keep and over_time():
-            results[cand.name] = mk("skipped", TIME_CAP_REASON)
-            continue
-        why = cand.skip_reason(ctx)
+        why = cand.skip_reason(ctx)  # first: a candidate that cannot run here says why, not "time cap"
         if why:
             if i == 0:
                 raise LatencyLabError(f"the baseline {cand.name} cannot run here: {why}")
             results[cand.name] = mk("skipped", why)
+            continue
+        if i > 0 and cand.name not in keep and over_time():
+            results[cand.name] = mk("skipped", TIME_CAP_REASON)
             continue
         t0 = clock()
         try:

@@ -41,7 +41,7 @@ table { border-collapse:collapse; width:100%; margin:8px 0 14px; font-size:13px;
 th, td { text-align:left; padding:5px 8px; border-bottom:1px solid var(--line); vertical-align:top; }
 th { background:#eef1f5; font-weight:600; } td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 tr.over td { background:#fdecea; } tr.breaks td { background:#f9d3cf; font-weight:600; }
-tr.total td { font-weight:600; }
+tr.total td { font-weight:600; } table.narrow { width:auto; min-width:460px; }
 figure { margin:10px 0 18px; } figure img { max-width:100%; height:auto; border:1px solid var(--line); }
 figcaption { color:var(--muted); font-size:12.5px; margin-top:4px; }
 .badge { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:700; color:#fff; }
@@ -169,7 +169,12 @@ def _glance(r: LoadedResult) -> str:
         cap = s.get("capacity_rate")
         return f"capacity for {_e(s.get('slo'))}: {_ms(cap)} req/s offered, goodput {_ms(s.get('goodput'))} req/s"
     if r.kind == "optimize":
-        return _e(s.get("verdict", ""))
+        split = ""
+        if figures.finite(s.get("speedup")):
+            split = f"; speed-up {_x(s['speedup'])} at equal work"
+            if figures.finite(s.get("pipeline_speedup")) and figures.finite(s.get("total_speedup")):
+                split += f" x {_x(s['pipeline_speedup'])} pipeline = {_x(s['total_speedup'])} in total"
+        return _e(s.get("verdict", "")) + split
     if r.kind == "serve":
         trans = d.get("transitions") or []
         return (
@@ -383,7 +388,9 @@ def _speedup_table(s: Mapping[str, Any]) -> str:
         rows.append(["total (model x pipeline)", f"<b>{_x(s['total_speedup'])}</b>"])
     for name, v in (s.get("speedup_by_set") or {}).items():
         rows.append([f"model, on input set <i>{_e(name)}</i>", _x(v)])
-    out = _table(["speed-up of the choice over the baseline (p50)", ""], rows, num=(1,))
+    out = _table(["speed-up of the choice over the baseline (p50)", ""], rows, num=(1,)).replace(
+        "<table>", '<table class="narrow">', 1
+    )
     if s.get("baseline_inputs"):
         out += f'<p class="note">baseline: {_e(s["baseline_inputs"])}</p>'
     return out
@@ -397,7 +404,7 @@ def _optimize_section(p: _Parsed) -> str:
         out.append(f'<p class="verdict ok">{_e(s.get("verdict", ""))}</p>')
         out.append(_speedup_table(s))
         loss = figures.fidelity_loss(d)
-        budget = f" beyond the budget ({_e(loss.clause)})" if loss.clause else ""
+        budget = f" beyond the budget ({loss.clause})" if loss.clause else ""  # _figure escapes the caption
         cap = (
             f"Candidates at (p50 latency, {loss.label}), both log scales: up is closer to the FP32 reference, so "
             f"0.99 and 0.999 stand a decade apart; the dashed red line is the fidelity budget, the shaded band lies"

@@ -21,7 +21,7 @@ from typing import Any
 
 from latencylab.diagnose.types import Evidence, Finding
 from latencylab.errors import LatencyLabError, require
-from latencylab.roofline.flops import Work, mean_work, shape_work, workload_work
+from latencylab.roofline.flops import Work, mean_work, shape_work, workload_work, works_at_lengths
 from latencylab.roofline.model import LeverContext, RooflinePoint, attainable_gflops, place
 from latencylab.roofline.peaks import Peaks, load_or_measure
 from latencylab.roofline.theory import DTYPES, CpuInfo, TheoreticalPeak, read_cpu, theoretical_peaks
@@ -353,11 +353,12 @@ def place_optimize_result(
     A text variant's work is the mean, over the primary held-out set's calls, of the work at the shape each
     call really ran (``stats.seq_lens`` after the variant's shape policy: a variant that trims padding is
     credited with the real tokens only, a padded one with every position); the work at each distinct
-    length is counted once (``work_at``, default :func:`shape_counter`), since attention makes it
-    superlinear in the length. Its padded share is 1 - (fewest positions per call any variant of the
-    document ran) / (its positions per call). Documents without those stats (older results, vision) are
-    credited with the baseline model's work at the document's shape for every variant. ``work`` forces one
-    Work for every variant.
+    (batch, length) of the document is counted once (``work_at``, default :func:`shape_counter`; see
+    :func:`~latencylab.roofline.flops.works_at_lengths`), since attention makes it superlinear in the
+    length. Its padded share is 1 - (fewest positions per call any variant of the document ran) / (its
+    positions per call). Documents without those stats (older results, vision) are credited with the
+    baseline model's work at the document's shape for every variant. ``work`` forces one Work for every
+    variant.
     """
     cfg = doc.get("config") or {}
     workload = str(cfg.get("workload", ""))
@@ -372,10 +373,15 @@ def place_optimize_result(
         shapes = {str(c.get("name")): sh for c in timed if (sh := processed_shapes(c, batch_size)) is not None}
         if shapes:
             at = work_at or shape_counter(workload)
+            needed: dict[int, set[int]] = {}
+            for batch, lens, _ in shapes.values():
+                needed.setdefault(batch, set()).update(lens)
+            counted = {b: works_at_lengths(at, b, sorted(ns)) for b, ns in needed.items()}
             fewest = min(tokens for _, _, tokens in shapes.values())
             for name, (batch, lens, tokens) in shapes.items():
                 pad = max(0.0, 1.0 - fewest / tokens)
-                works[name] = mean_work([(at(batch, n), k) for n, k in sorted(lens.items())], padding_fraction=pad)
+                per_len = [(counted[batch][n], k) for n, k in sorted(lens.items())]
+                works[name] = mean_work(per_len, padding_fraction=pad)
     if work is None and len(works) < len(timed):  # the document's shape, as the baseline ran it
         seq = model.get("seq_len", cfg.get("seq_len", 128))
         work = workload_work(workload, batch_size, seq)

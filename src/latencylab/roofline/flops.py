@@ -20,7 +20,7 @@ parameters (embeddings, norms, biases, convolutions) and activations in FP32.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -202,6 +202,65 @@ def mean_work(works: Sequence[tuple[Work, float]], padding_fraction: float | Non
         flops_by_op=tuple(sorted(by_op.items(), key=lambda kv: -kv[1])),
         padding_fraction=padding_fraction,
     )
+
+
+def _lagrange(xs: Sequence[int], ys: Sequence[float], x: int) -> float:
+    """The value at ``x`` of the polynomial through the points (xs, ys)."""
+    total = 0.0
+    for i, (xi, yi) in enumerate(zip(xs, ys, strict=True)):
+        term = yi
+        for j, xj in enumerate(xs):
+            if j != i:
+                term *= (x - xj) / (xi - xj)
+        total += term
+    return total
+
+
+def _interpolate(fits: Sequence[tuple[int, Work]], n: int) -> Work:
+    """The work at length ``n`` from the quadratic through three counted lengths (values rounded: counts
+    are whole numbers)."""
+    xs = [x for x, _ in fits]
+    works = [w for _, w in fits]
+    ops = sorted({op for w in works for op, _ in w.flops_by_op})
+    by_op = [(op, float(round(_lagrange(xs, [dict(w.flops_by_op).get(op, 0.0) for w in works], n)))) for op in ops]
+    return Work(
+        flops=float(round(_lagrange(xs, [w.flops for w in works], n))),
+        linear_weight_elems=round(_lagrange(xs, [w.linear_weight_elems for w in works], n)),
+        other_weight_elems=round(_lagrange(xs, [w.other_weight_elems for w in works], n)),
+        activation_elems=round(_lagrange(xs, [w.activation_elems for w in works], n)),
+        flops_by_op=tuple(sorted(by_op, key=lambda kv: -kv[1])),
+    )
+
+
+def _same(a: Work, b: Work, rel: float = 1e-9) -> bool:
+    pairs = [(a.flops, b.flops), (a.linear_weight_elems, b.linear_weight_elems),
+             (a.other_weight_elems, b.other_weight_elems), (a.activation_elems, b.activation_elems)]  # fmt: skip
+    return all(abs(x - y) <= rel * max(abs(x), abs(y), 1.0) for x, y in pairs)
+
+
+def works_at_lengths(count: Callable[[int, int], Work], batch: int, lengths: Sequence[int]) -> dict[int, Work]:
+    """The work of one forward at ``batch`` x each of ``lengths``, with ``count(batch, length)`` the exact
+    count (~0.2-1 s each for MiniLM).
+
+    A transformer's FLOPs and element counts are polynomials of degree 2 in the sequence length (linear
+    layers and embedding rows grow with it, attention with its square, weights not at all), so with more
+    than 5 distinct lengths three counts (the shortest, the longest, one between) determine the rest;
+    that is used only when two further exact counts (at the lower and upper quartile lengths) equal the
+    polynomial's values, else every length is counted. Either way each value is the exact count."""
+    todo = sorted(set(lengths))
+    if len(todo) <= 5:
+        return {n: count(batch, n) for n in todo}
+    k = len(todo)
+    anchors = [todo[0], todo[k // 2], todo[-1]]
+    checks = [n for n in (todo[k // 4], todo[(3 * k) // 4]) if n not in anchors]
+    out = {n: count(batch, n) for n in (*anchors, *checks)}
+    fits = [(n, out[n]) for n in anchors]
+    if all(_same(_interpolate(fits, n), out[n]) for n in checks):
+        for n in todo:
+            if n not in out:
+                out[n] = _interpolate(fits, n)
+        return out
+    return {n: out.get(n) or count(batch, n) for n in todo}
 
 
 def _torch() -> Any:
