@@ -371,13 +371,13 @@ REFUSALS = [
         "binary-param",
         _body({"name": "X", "shape": [1, 3], "datatype": "FP32", "parameters": {"binary_data_size": 12}}),
         F32,
-        "input 'X': binary tensor extension not supported; send JSON data",
+        "input 'X' has binary_data_size but the request has no Inference-Header-Content-Length header",
     ),
     (
         "shm",
         _body(_input("X", "FP32", [1, 3], [1, 2, 3], parameters={"shared_memory_region": "r"})),
         F32,
-        "input 'X': shared-memory extension not supported; send JSON data",
+        "input 'X': shared-memory extension not supported; send JSON or binary data",
     ),
     (
         "input-params",
@@ -449,11 +449,15 @@ def test_element_budget_is_over_all_inputs() -> None:
     assert (error.status, str(error)) == (413, "request has 16 elements, more than the limit of 15")
 
 
-def test_binary_extension_header_is_refused() -> None:
+def test_binary_extension_header_on_an_all_json_body_is_accepted_and_a_bad_one_refused() -> None:
     body = _body(_input("X", "FP32", [1, 3], [1, 2, 3]))
     for key in ("Inference-Header-Content-Length", "inference-header-content-length"):
-        error = _refusal(body, F32, headers={key: "60"})
-        assert (error.status, str(error)) == (400, "binary tensor extension not supported; send JSON data")
+        request = parse_infer_request(body, "m", None, F32, headers={key: str(len(body))})
+        assert request.inputs[0].data.tolist() == [[1, 2, 3]]
+    for value in ("60x", "-1", str(len(body) + 1), "9" * 30):
+        error = _refusal(body, F32, headers={"Inference-Header-Content-Length": value})
+        assert error.status == 400
+        assert str(error).startswith("header Inference-Header-Content-Length must be the JSON part's length")
 
 
 # --- tritonclient interop --------------------------------------------------------------------------------------------
@@ -516,7 +520,7 @@ def test_tritonclient_default_request_asks_for_binary_outputs_and_still_parses(h
     assert request.inputs[0].data.tolist() == [[1.0, 1.0, 1.0]]
 
 
-def test_tritonclient_binary_request_is_refused_with_or_without_the_header(httpclient: Any) -> None:
+def test_tritonclient_binary_request_parses_with_the_header_and_is_refused_without(httpclient: Any) -> None:
     for array, datatype in (
         (np.ones((1, 3), np.float32), "FP32"),
         (np.array([[b"a", b"\xff", b"c"]], object), "BYTES"),
@@ -526,10 +530,16 @@ def test_tritonclient_binary_request_is_refused_with_or_without_the_header(httpc
             [_triton_input(httpclient, "X", array, datatype, binary=True)]
         )
         assert json_size is not None
-        header = {"Inference-Header-Content-Length": str(json_size)}
-        for headers in (header, None):
-            error = _refusal(body, specs, headers=headers)
-            assert (error.status, str(error)) == (400, "binary tensor extension not supported; send JSON data")
+        request = parse_infer_request(
+            body, "m", None, specs, headers={"Inference-Header-Content-Length": str(json_size)}
+        )
+        assert request.inputs[0].data.tolist() == array.tolist()
+        error = _refusal(body, specs)
+        assert (error.status, str(error)) == (
+            400,
+            "the body has binary tensor data after its JSON: send the Inference-Header-Content-Length header "
+            "with the JSON's length",
+        )
 
 
 def test_encoded_response_is_read_back_by_tritonclient(httpclient: Any) -> None:

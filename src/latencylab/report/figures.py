@@ -585,9 +585,11 @@ def _ring_label(ax: Axes, text: str, x: float, y: float, colour: str, r: float, 
     ha = "left" if dx > 1 else ("right" if dx < -1 else "center")
     va = "bottom" if dy > 1 else ("top" if dy < -1 else "center")
     arrow = {"arrowstyle": "-", "color": "0.55", "lw": 0.7, "shrinkA": 0, "shrinkB": 4} if r > 9 else None
-    return ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=8.5,
-                       color=colour, arrowprops=arrow, zorder=7,
-                       bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})  # fmt: skip
+    t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=8.5,
+                    color=colour, arrowprops=arrow, zorder=7,
+                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})  # fmt: skip
+    t.set_in_layout(False)  # a label near the frame must not shrink the axes under constrained layout
+    return t
 
 
 def pareto_figure(doc: Mapping[str, Any]) -> tuple[Figure, list[str]]:
@@ -680,10 +682,8 @@ def pareto_figure(doc: Mapping[str, Any]) -> tuple[Figure, list[str]]:
     fig.legend(handles=handles, loc="outside right upper", fontsize=8.5, framealpha=0.9)
     model = (doc.get("model") or {}).get("model", "")
     # the titles over the axes, not the figure: the legend beside the axes would cover a centred suptitle
-    ax.set_title(f"Optimisation: latency vs fidelity ({model.split('/')[-1]}, {len(pts)} candidates)", fontsize=13,
-                 pad=20)  # fmt: skip
-    ax.annotate(str(s.get("verdict", "")), (0.5, 1.0), xycoords="axes fraction", xytext=(0, 5),
-                textcoords="offset points", ha="center", va="bottom", fontsize=9, color="0.3")  # fmt: skip
+    # the headline (a long line) is the report's text above the figure, not a title that squeezes the axes
+    ax.set_title(f"Optimisation: latency vs fidelity ({model.split('/')[-1]}, {len(pts)} candidates)", fontsize=13)
     named = [n for n in dict.fromkeys([*front, *([chosen] if chosen else [])]) if n in pts]
     items = [(n, *pts[n], CHOSEN if n == chosen else "0.15") for n in named]
     _place_labels(fig, ax, items, np.asarray(list(pts.values())) if pts else np.empty((0, 2)))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -30,6 +31,7 @@ from latencylab.clock import Clock, PerfCounterClock
 from latencylab.serve import protocol
 from latencylab.serve.batcher import now_reader, retry_after_header
 from latencylab.serve.config import ServerConfig
+from latencylab.serve.limits import HttpLimits, guarded_protocol
 from latencylab.serve.metrics import ServerMetrics
 from latencylab.serve.request_start import HEADER as REQUEST_START_HEADER
 from latencylab.serve.request_start import request_age_ns
@@ -42,19 +44,15 @@ JSON = "application/json"
 DEADLINE_HEADER = "x-latencylab-deadline-ms"  # alternative to the OIP parameter "deadline_ms"
 
 
-def _deadline(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ProtocolError(f"header {DEADLINE_HEADER} must be a positive number of milliseconds, got {text!r}")
-    return value
-
-
-def _error(status: int, message: str, retry_after_s: float | None = None) -> Response:
-    headers = {"Retry-After": retry_after_header(retry_after_s)} if retry_after_s is not None else None
-    return Response(protocol.error_body(message), status_code=status, media_type=JSON, headers=headers)
+def _error(
+    status: int, message: str, retry_after_s: float | None = None, headers: Mapping[str, str] | None = None
+) -> Response:
+    all_headers = dict(headers or {})
+    if retry_after_s is not None:
+        all_headers["Retry-After"] = retry_after_header(retry_after_s)
+    if status in (408, 413):  # the rest of the body was not read: close rather than drain a slow or huge upload
+        all_headers["Connection"] = "close"
+    return Response(protocol.error_body(message), status_code=status, media_type=JSON, headers=all_headers or None)
 
 
 @dataclass
@@ -66,6 +64,7 @@ class ServerState:
     token: str | None
     ready: bool = False
     clock: Clock = field(default_factory=PerfCounterClock)  # the services' clock: request marks are on it too
+    limits: HttpLimits = field(default_factory=HttpLimits)  # head/body sizes and read times (serve/limits.py)
 
 
 def _authorised(state: ServerState, request: Request) -> bool:
@@ -75,18 +74,31 @@ def _authorised(state: ServerState, request: Request) -> bool:
     return hmac.compare_digest(got.encode(), f"Bearer {state.token}".encode())
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise ProtocolError(f"request body of {length} bytes exceeds the limit of {limit}", 413)
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ProtocolError(f"request body exceeds the limit of {limit} bytes", 413)
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, refused with 413 past ``limit`` bytes and with 408 if it has not all come in ``timeout_s``."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":  # tritonclient can gzip or deflate a request: say so instead of "not valid UTF-8"
+        raise ProtocolError(f"Content-Encoding {encoding[:20]!r} not supported: send the body uncompressed", 415)
+    length = request.headers.get("content-length", "").strip()
+    # ASCII digits only ("²".isdigit() is true), and no int() of thousands of digits (Python refuses past 4300)
+    if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > limit):
+        shown = length if len(length) <= 20 else f"{length[:20]}..."
+        raise ProtocolError(f"request body of {shown} bytes exceeds the limit of {limit}", 413)
+
+    async def read() -> bytes:
+        chunks = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ProtocolError(f"request body exceeds the limit of {limit} bytes", 413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), timeout_s)
+    except TimeoutError:
+        raise ProtocolError(f"request body not received within {timeout_s:g} s", 408) from None
 
 
 def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
@@ -113,7 +125,8 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
     async def server_meta(request: Request) -> Response:
         import json
 
-        return Response(json.dumps(protocol.server_metadata(["latencylab-ladder"])), media_type=JSON)
+        extensions = ["binary_tensor_data", "latencylab-ladder"]
+        return Response(json.dumps(protocol.server_metadata(extensions)), media_type=JSON)
 
     async def model_meta(request: Request) -> Response:
         import json
@@ -152,16 +165,19 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
             if stamp is not None:  # wall clock read once, at handler start: the age moves to the clock
                 timing.age_ns = request_age_ns(stamp, epoch0)
                 state.metrics.request_age.labels(svc.name).observe(timing.age_ns / 1e9)
-            body = await _read_body(request, state.cfg.max_body_bytes)
-            req = protocol.parse_infer_request(body, svc.name, version, svc.inputs, headers=request.headers)
+            body = await _read_body(request, state.cfg.max_body_bytes, state.limits.body_timeout_s)
+            req, output_format = protocol.decode_infer_request(
+                body, svc.name, version, svc.inputs, headers=request.headers
+            )
             header_deadline = request.headers.get(DEADLINE_HEADER)
             if header_deadline is not None and "deadline_ms" not in req.parameters:
-                req = dataclasses.replace(req, parameters={**req.parameters, "deadline_ms": _deadline(header_deadline)})
+                deadline_ms = protocol.deadline_from_header(header_deadline, DEADLINE_HEADER)
+                req = dataclasses.replace(req, parameters={**req.parameters, "deadline_ms": deadline_ms})
             protocol.check_requested_outputs(req.outputs, svc.outputs)
             timing.parsed = now_ns()
             pinned = svc.ladder.index(version) if version is not None and version != "cache" else None
             resp, params = await svc.infer(req, timing, pinned)
-            payload = protocol.encode_infer_response(resp, req.outputs)
+            payload, json_length = protocol.encode_infer_body(resp, req.outputs, output_format)
             svc.answered(timing, now_ns())
         except ProtocolError as exc:
             if model in state.services:
@@ -171,6 +187,12 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
             state.metrics.errors.labels(model, exc.kind or "other").inc() if exc.kind != "shed" else None
             state.metrics.requests.labels(model, "-", str(exc.status)).inc()
             return _error(exc.status, str(exc), exc.retry_after_s)
+        except Exception as exc:  # a bug, not the client's fault: counted, logged with its traceback, JSON 500
+            log.exception("unexpected error serving %s %s", request.method, request.url.path)
+            if model in state.services:
+                state.metrics.errors.labels(model, "internal").inc()
+                state.metrics.requests.labels(model, "-", "500").inc()
+            return _error(500, f"internal server error ({type(exc).__name__})")
         end = now_ns()
         o = timing.outcome
         stages: list[tuple[str, float]] = [("request", (end - start) / 1e9)]
@@ -186,7 +208,11 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
         state.metrics.requests.labels(svc.name, str(params.get("producer")), "200").inc()
         if state.tracer.enabled:
             _trace(state, request, epoch0, start, timing, end, params)
-        return Response(payload, media_type=JSON)
+        if json_length is None:
+            return Response(payload, media_type=JSON)
+        # Binary tensor data follows the JSON: the header says where the JSON ends.
+        headers = {protocol.BINARY_HEADER: str(json_length)}
+        return Response(payload, media_type="application/octet-stream", headers=headers)
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -204,11 +230,27 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
         Route("/metrics", metrics),
     ]
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        code = getattr(exc, "status_code", 404)
-        return _error(code, f"no route {request.method} {request.url.path}")
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Starlette's own refusals (no route, wrong method, ...) as JSON, keeping their headers (405's Allow)."""
+        assert isinstance(exc, HTTPException)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            if "Allow" in headers:  # Starlette joins a set: its order changes with the process's hash seed
+                headers["Allow"] = ", ".join(sorted(m.strip() for m in headers["Allow"].split(",")))
+            message = f"method {request.method} not allowed on {request.url.path} (allowed: {headers.get('Allow')})"
+        else:
+            message = str(exc.detail)
+        return _error(exc.status_code, message, headers=headers)
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        """Anything unexpected outside a handler's own catch: a JSON 500, never Starlette's plain text. (Starlette
+        re-raises the exception after this answer, so the server still logs its traceback.)"""
+        return _error(500, f"internal server error ({type(exc).__name__})")
+
+    handlers = {HTTPException: http_error, Exception: internal_error}
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
 
 def _ladder_parameters(svc: ModelService) -> dict[str, Any]:
@@ -321,20 +363,29 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def uvicorn_config(state: ServerState) -> Any:
+    """The ``uvicorn.Config`` the server runs: httptools with ``state.limits`` on request heads (431 past
+    ``max_head_bytes``, 408 past ``head_timeout_s``: serve/limits.py) and ``keep_alive_s`` idle connections."""
+    import uvicorn
+
+    return uvicorn.Config(
+        lifespan_app(state),
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http=guarded_protocol(state.limits),
+        timeout_keep_alive=state.limits.keep_alive_s,
+        timeout_graceful_shutdown=30,
+        lifespan="on",
+    )
+
+
 def run_server(state: ServerState, on_listening: Any = None) -> None:
     """Serve until SIGTERM/SIGINT; in-flight requests are drained (uvicorn's graceful shutdown)."""
     import uvicorn
 
     sock = bind(state.cfg.host, state.cfg.port)
-    config = uvicorn.Config(
-        lifespan_app(state),
-        log_level="warning",
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-        timeout_graceful_shutdown=30,
-        lifespan="on",
-    )
+    config = uvicorn_config(state)
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:

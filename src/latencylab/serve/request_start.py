@@ -25,7 +25,7 @@ HEADER = "X-Request-Start"
 MAX_AGE_NS = 3600 * 10**9  # 1 h
 MAX_AHEAD_NS = 10**9  # 1 s of clock skew
 
-_STAMP = re.compile(r"(?:[tT]=)?(\d{1,20})(?:\.(\d{1,9}))?")
+_STAMP = re.compile(r"(?:[tT]=)?([0-9]{1,20})(?:\.([0-9]{1,9}))?")  # [0-9], not \d: no other script's digits
 # (upper bound of the integer part, ns per unit), by magnitude
 _UNITS = ((10**11, 10**9), (10**14, 10**6), (10**17, 10**3))
 

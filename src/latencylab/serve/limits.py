@@ -1,0 +1,159 @@
+"""What one client may cost the server before it is answered: head size, head and body read times, idle time.
+
+uvicorn's httptools protocol, which the server runs, has no limit on a request head's size (llhttp keeps none)
+and no timer from a connection's opening to its first request's head: a client sending an 8 MB header is
+served, and one that sends half a request line and stalls holds its connection (and its socket, its parser)
+forever. :func:`guarded_protocol` returns a subclass that closes both holes and answers, like every other error
+of this server, in JSON:
+
+* a head (request line and headers) over ``max_head_bytes`` is answered 431 and the connection closed: counted
+  exactly at each header, and while a head arrives in pieces, at every piece, so no more than one socket read
+  beyond the limit is ever buffered;
+* a head that has not arrived ``head_timeout_s`` after the connection opened or the previous response was sent
+  is answered 408 (or, if not one byte of it came, the connection is just closed);
+* the parser's own refusals (a malformed request) are a JSON 400 instead of uvicorn's plain text.
+
+The body's time limit, ``body_timeout_s``, is the app's (``app._read_body``): the head is in by then, so the
+answer is a normal response (408). ``keep_alive_s`` is uvicorn's ``timeout_keep_alive``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from latencylab.serve import protocol
+
+__all__ = ["HttpLimits", "guarded_protocol"]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """Per-connection limits of the HTTP server (docs/serve.md, "Limits")."""
+
+    max_head_bytes: int = 32 * 1024  # request line + headers; beyond: 431, connection closed (h11's default is 16 KiB)
+    head_timeout_s: float = 10.0  # from connection open / previous response to the end of the next head: 408
+    body_timeout_s: float = 30.0  # from the handler's start to the last byte of the body: 408
+    keep_alive_s: int = 5  # an idle keep-alive connection is closed after this (uvicorn's timeout_keep_alive)
+
+
+class _HeadTooLarge(Exception):
+    """Raised in a parser callback to stop parsing; httptools wraps it and uvicorn calls send_400_response."""
+
+
+def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with ``limits`` on request heads (pass it as ``uvicorn.Config(http=...)``).
+
+    It overrides uvicorn's per-connection callbacks, which are not a public API: the test of these limits
+    (tests/test_serve_hardening.py) runs against a real server, so an incompatible uvicorn fails it."""
+    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._in_head = False  # a request's first byte was parsed, its head's end not yet
+            self._head_exact = 0  # bytes of the URL and complete headers of the head in progress
+            self._head_streamed = 0  # bytes received in reads that began and ended inside the head in progress
+            self._head_timer: asyncio.TimerHandle | None = None
+            self._refusal: tuple[int, str] | None = None
+
+        # -- connection and parser callbacks
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_timer()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            was_in_head = self._in_head
+            super().data_received(data)
+            if was_in_head and self._in_head and not self.transport.is_closing():
+                self._head_streamed += len(data)
+                if self._head_streamed > limits.max_head_bytes:
+                    self._refuse(431, self._too_large())
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head = True
+            self._head_exact = self._head_streamed = 0
+            if self._head_timer is None:
+                self._arm_head_timer()
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value) + 4)  # ": " and CRLF
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._cancel_head_timer()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            # Waiting for the next head (no pipelined request was started, none is half-parsed): time it.
+            idle = self.cycle is None or self.cycle.response_complete
+            if idle and self._head_timer is None and not self.transport.is_closing():
+                self._arm_head_timer()
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn calls this on any parser error, including the one _count raises to stop a long head.
+            status, message = self._refusal or (400, f"malformed HTTP request: {msg}")
+            self._refuse(status, message)
+
+        # -- helpers
+
+        def _count(self, n: int) -> None:
+            self._head_exact += n
+            if self._head_exact > limits.max_head_bytes:
+                self._refusal = (431, self._too_large())
+                raise _HeadTooLarge
+
+        def _too_large(self) -> str:
+            return f"request line and headers exceed the limit of {limits.max_head_bytes} bytes"
+
+        def _arm_head_timer(self) -> None:
+            self._head_timer = self.loop.call_later(limits.head_timeout_s, self._head_timed_out)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if self.transport.is_closing():
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.keep_alive = False  # a request is being answered: close once it is
+            elif self._in_head:
+                self._refuse(408, f"request head not received within {limits.head_timeout_s:g} s")
+            else:
+                self.transport.close()  # nothing sent at all: an idle connection
+
+        def _refuse(self, status: int, message: str) -> None:
+            """Answer ``status`` with a JSON error and close, unless a response was begun (then just close)."""
+            self._cancel_head_timer()
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete or not cycle.response_started:
+                body = protocol.error_body(message)
+                head = [STATUS_LINE[status]]
+                for name, value in self.server_state.default_headers:
+                    head += [name, b": ", value, b"\r\n"]
+                head += [
+                    b"content-type: application/json\r\n",
+                    b"content-length: %d\r\n" % len(body),
+                    b"connection: close\r\n\r\n",
+                    body,
+                ]
+                self.transport.write(b"".join(head))
+            self.transport.close()
+
+    return GuardedHttpToolsProtocol
