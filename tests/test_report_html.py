@@ -368,6 +368,10 @@ def test_optimize_headline_splits_the_speedup() -> None:
     doc = optimize_doc()
     doc["summary"].update(pipeline_speedup=None, total_speedup=3.4)
     assert "none: the inputs as the baseline ran them" in section(doc)
+    assert "time cap cut" not in section(doc)
+    # candidates the search's time cap cut are named
+    doc["summary"]["skipped_by_time_cap"] = ["torch-compile", "ort-int8-static-entropy"]
+    assert "time cap cut 2 candidate(s) before they were built: torch-compile, ort-int8-static-entropy" in section(doc)
     # an older result: only speedup_p50, rendered under its own definition, no split rows
     old = optimize_doc(split=False)
     text = section(old)

@@ -393,6 +393,10 @@ def _speedup_table(s: Mapping[str, Any]) -> str:
     )
     if s.get("baseline_inputs"):
         out += f'<p class="note">baseline: {_e(s["baseline_inputs"])}</p>'
+    cut = s.get("skipped_by_time_cap") or []
+    if cut:
+        out += (f'<p class="note">the search\'s time cap cut {len(cut)} candidate(s) before they were built: '
+                f"{_e(', '.join(map(str, cut)))}</p>")  # fmt: skip
     return out
 
 
