@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-q", type=_fraction, default=0.99, help="quantile --adaptive watches (default 0.99)")
     p.add_argument("--target-ci", type=_fraction, default=0.05, help="CI half-width to reach, relative (0.05)")
     p.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed iterations first (default 10)")
+    p.add_argument(
+        "--runs", type=_positive_int, default=1,
+        help="separate runs (own warm-up and stopping rule each), canary between; compare's unit (default 1)",
+    )  # fmt: skip
     p.add_argument("--threads", type=_positive_int, help="intra-op threads (torch / ONNX Runtime)")
     p.add_argument("--batch-size", type=_positive_int, default=1)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -172,8 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     op = sub.add_parser("optimize", help="search optimisation variants; keep the fastest inside the accuracy budget")
     op.add_argument("--workload", default="text", choices=["text", "vision"])
-    op.add_argument("--model", help="optimize a user's ONNX file instead (ONNX Runtime candidates)")
-    op.add_argument("--inputs", help="an .npz of inputs for --model (default: generated from declared shapes)")
+    op.add_argument(
+        "--model", help="optimize a user's ONNX file or Hugging Face model directory instead (ONNX Runtime candidates)"
+    )
+    op.add_argument(
+        "--inputs",
+        help="an .npz of inputs for --model, at least 13 samples: every fifth calibrates, the others are held out "
+        "(default: guessed from the declared shapes and input names, printed)",
+    )
     op.add_argument("--pipeline", metavar="MOD:FN", help="a factory returning a ModelAdapter (optimize/types.py)")
     op.add_argument(
         "--param", action="append", default=[], metavar="KEY=VALUE",
@@ -187,11 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--rounds", type=_positive_int, default=10, help="interleaved timing rounds")
     op.add_argument(
         "--seq-len", type=int, default=128,
-        help="text: the length of padding=max_length and of the passages input set (0 = no passages)",
+        help="text: the length of padding=max_length and of the passages input set (0 = no passages); "
+        "--model without --inputs: the guessed size of its symbolic (sequence) dimensions",
     )  # fmt: skip
     op.add_argument("--batch-size", type=_positive_int, default=1)
     op.add_argument("--out", help="directory for the chosen artifact and recipe.json")
     op.add_argument("--recipe", help="re-apply a recipe.json and measure it again")
+    op.add_argument(
+        "--force", action="store_true", help="--recipe: rebuild even when the model or inputs differ from the recorded"
+    )
     op.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     op.add_argument("--quiet", action="store_true")
 
@@ -212,8 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--title", help="report title")
 
     cp = sub.add_parser("compare", help="A/B comparison with significance; --fail-if gates for CI")
-    cp.add_argument("baseline", metavar="BASELINE.json")
-    cp.add_argument("candidate", metavar="CANDIDATE.json")
+    cp.add_argument("baseline", metavar="BASELINE.json", nargs="?")
+    cp.add_argument("candidate", metavar="CANDIDATE.json", nargs="?")
+    cp.add_argument(
+        "--run", nargs=2, metavar=("A", "B"),
+        help='measure two specs interleaved, e.g. "--workload synthetic --param ..." (the recommended CI gate)',
+    )  # fmt: skip
+    cp.add_argument("--rounds", type=_positive_int, default=10, help="--run: interleaved rounds (default 10)")
+    cp.add_argument("--iterations", type=_positive_int, default=200, help="--run: timed iterations per run (200)")
+    cp.add_argument("--warmup", type=_non_negative_int, default=10, help="--run: warm-up iterations per run (10)")
+    cp.add_argument("--seed", type=int, default=0, help="--run: seed of the A/B order per round")
+    cp.add_argument("--keep", metavar="DIR", help="--run: also write DIR/A.json and DIR/B.json")
+    cp.add_argument("--strict", action="store_true", help="an undecided gate fails when its evidence says so")
     cp.add_argument("--fail-if", action="append", default=[], metavar="GATE", help='e.g. "p99>+5%%" (repeatable)')
     cp.add_argument("--alpha", type=_fraction, default=0.05, help="significance level (default 0.05)")
     cp.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
@@ -260,6 +284,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         target_q=args.target_q,
         target_rel_ci=args.target_ci,
         threads=args.threads,
+        runs=args.runs,
     )
     if args.model and args.threads and "threads" not in params:
         params["threads"] = str(args.threads)
@@ -288,7 +313,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     else:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        total = cfg.iterations or (cfg.max_time_s if cfg.adaptive else cfg.effective_min_time())
+        total = (cfg.iterations or (cfg.max_time_s if cfg.adaptive else cfg.effective_min_time())) * cfg.runs
         with Progress(
             TextColumn("[bold]profiling[/bold] {task.description}"),
             BarColumn(),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from latencylab.errors import LatencyLabError
@@ -22,7 +23,7 @@ from latencylab.load.payloads import (
     text_payloads,
     vision_payloads,
 )
-from latencylab.load.results import LoadResult, Slo, write_requests_jsonl
+from latencylab.load.results import LoadResult, Slo, latency_basis, write_requests_jsonl
 
 
 def _payloads(args: argparse.Namespace, meta: dict[str, Any]) -> list[Payload]:
@@ -69,10 +70,38 @@ def _progress(console: Console, quiet: bool) -> Any:
     return live, update
 
 
+def _validity(s: Any) -> str:
+    """The verdict row: open loop is valid or not; closed loop has no schedule to keep and is not judged."""
+    valid = s.get("valid")
+    if valid is None:
+        return "not judged (closed loop)"
+    return "yes" if valid else "[red]NO[/red]"
+
+
+def _cpu(s: Any) -> str:
+    share = s.get("client_cpu_share")
+    if share is None:  # results written before the share was recorded
+        pct = s.get("client_cpu_percent")
+        return "-" if pct is None else f"{pct:.0f}% of one core"
+    cores = s.get("client_cores")
+    of = f" of {cores} core{'s' if cores != 1 else ''}" if cores else ""
+    others = s.get("other_cpu_cores")
+    return f"{share:.2f}{of}" + ("" if others is None else f" (other work {others:.2f})")
+
+
+def _send_timing(s: Any) -> str | None:
+    spin = s.get("spin")
+    if spin is None:
+        return None
+    frac = s.get("spin_fraction")
+    return f"spin {spin}" + ("" if frac is None else f": {frac:.0%} of sends busy-waited")
+
+
 def render_load(result: LoadResult, console: Console) -> None:
     s = result.summary
+    # Everything that comes from the run or the user is escaped: rich reads "[open]" as markup and drops it.
     t = Table(
-        title=f"latencylab load: {result.target['url']}{result.target['path']} [{s['mode']}]",
+        title=escape(f"latencylab load: {result.target['url']}{result.target['path']} [{s['mode']}]"),
         title_justify="left",
     )
     t.add_column("figure")
@@ -82,6 +111,8 @@ def render_load(result: LoadResult, console: Console) -> None:
         v = s.get(key)
         return "-" if v is None else f"{v:.2f} ms"
 
+    closed = str(s.get("mode", "")).startswith("closed")
+    basis = escape(latency_basis(s))
     rate = s.get("target_rate")
     t.add_row("offered rate (target)", "-" if rate is None else f"{rate:.1f}/s")
     ach = s.get("achieved_rate")
@@ -89,37 +120,44 @@ def render_load(result: LoadResult, console: Console) -> None:
     t.add_row("sent / ok / shed / error", f"{s['sent']} / {s['ok']} / {s['shed']} / {s['error']}")
     for key, label in (("p50_ms", "p50"), ("p90_ms", "p90"), ("p99_ms", "p99"), ("p99_9_ms", "p99.9")):
         ci = s.get(key.replace("_ms", "_ci_ms"))
-        extra = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-        t.add_row(f"latency {label} (from intended send)", ms(key) + extra)
-    t.add_row("uncorrected p50 / p99 (from actual send)", f"{ms('uncorrected_p50_ms')} / {ms('uncorrected_p99_ms')}")
+        extra = escape(f" [{ci[0]:.2f}, {ci[1]:.2f}]") if ci else ""
+        t.add_row(f"latency {label} ({basis})", ms(key) + extra)
+    if not closed:  # closed loop: intended = sent, so these are the rows above again
+        t.add_row(
+            "uncorrected p50 / p99 (from actual send)", f"{ms('uncorrected_p50_ms')} / {ms('uncorrected_p99_ms')}"
+        )
     t.add_row(
         "generator lateness p50 / p99 / max",
         f"{ms('lateness_p50_ms')} / {ms('lateness_p99_ms')} / {ms('lateness_max_ms')}",
     )
-    cpu = s.get("client_cpu_percent")
-    t.add_row("client CPU", "-" if cpu is None else f"{cpu:.0f}% of one core")
-    t.add_row("valid", "yes" if s["valid"] else "[red]NO[/red]")
+    timing = _send_timing(s)
+    if timing is not None:
+        t.add_row("send timing", escape(timing))
+    t.add_row("generator CPU share (cores)", _cpu(s))
+    t.add_row("valid (open-loop sends on time)", _validity(s))
     console.print(t)
     for r in s.get("invalid_reasons", []):
-        console.print(f"[red]invalid:[/red] {r}")
+        console.print(f"[red]invalid:[/red] {escape(r)}")
     if s.get("stopped_early"):
-        console.print(f"stopped early: {s['stopped_early']}")
+        console.print(f"stopped early: {escape(s['stopped_early'])}")
     if s.get("coordinated_omission"):
-        console.print(f"note: {s['coordinated_omission']}")
+        console.print(f"note: {escape(s['coordinated_omission'])}")
     if s.get("slo"):
-        console.print(f"SLO {s['slo']['text']}")
+        console.print(f"SLO {escape(s['slo']['text'])}")
     for reason, n in s.get("errors_by_reason", {}).items():
-        console.print(f"errors: {n} x {reason}")
+        console.print(f"errors: {n} x {escape(reason)}")
     for w in s.get("warnings", []):
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     if result.server:
         srv = result.server
         stages = ", ".join(f"{k} {v:.2f} ms" for k, v in srv["server_stages_mean_ms"].items())
         net = srv.get("network_and_client_mean_ms")
         console.print(
-            f"server-side means ({srv['server_requests']} requests): {stages}; "
-            f"client mean {srv['client_mean_ms']:.2f} ms"
-            + ("" if net is None else f"; network + client overhead {net:.2f} ms")
+            escape(
+                f"server-side means ({srv['server_requests']} requests): {stages}; "
+                f"client mean {srv['client_mean_ms']:.2f} ms"
+                + ("" if net is None else f"; network + client overhead {net:.2f} ms")
+            )
         )
 
 
@@ -164,6 +202,7 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
                 connections=args.connections,
                 headers=headers,
                 request_start_header=args.request_start_header,
+                spin=args.spin,
             )
             res, _ = load_test(
                 args.url, path, payloads, Poisson(rate, seed := step_seed(args.seed, rate)), cfg, slo,
@@ -177,10 +216,10 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
             p99 = step["p99_ms"]
             console.print(
                 f"  offered {step['offered_rate']:.1f}/s  achieved {step['achieved_rate'] or 0:.1f}/s  "
-                f"p99 {'-' if p99 is None else f'{p99:.1f} ms'}  {mark}: {step['why']}"
+                f"p99 {'-' if p99 is None else f'{p99:.1f} ms'}  {mark}: {escape(step['why'])}"
             )
 
-        console.print(f"capacity search for {slo.describe()} on {args.url}{path}")
+        console.print(escape(f"capacity search for {slo.describe()} on {args.url}{path}"))
         cap = find_capacity(
             run_step,
             slo,
@@ -192,13 +231,13 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
         )
         rate = "none" if cap.capacity_rate is None else f"{cap.capacity_rate:.1f}/s"
         good = "-" if cap.goodput is None else f"{cap.goodput:.1f}/s"
-        console.print(f"capacity: {rate} offered, goodput {good} ({cap.reason})")
+        console.print(escape(f"capacity: {rate} offered, goodput {good} ({cap.reason})"))
         if args.plot:
             from latencylab.load.plots import plot_capacity
 
             out = Path(args.plot) / "capacity.png"
             out.parent.mkdir(parents=True, exist_ok=True)
-            console.print(f"wrote {plot_capacity(cap.steps, out, slo.threshold_ns / 1e6)}")
+            console.print(escape(f"wrote {plot_capacity(cap.steps, out, slo.threshold_ns / 1e6)}"))
         if args.json:
             doc = {
                 "schema_version": 1,
@@ -209,7 +248,7 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
             }
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(doc, indent=1))
-            console.print(f"wrote {args.json}")
+            console.print(escape(f"wrote {args.json}"))
         return 0
 
     arrivals: ArrivalProcess | None
@@ -220,6 +259,7 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
         "timeout_s": args.timeout,
         "headers": headers,
         "request_start_header": args.request_start_header,
+        "spin": args.spin,
     }
     if args.concurrency:
         cfg = LoadConfig(mode="closed", concurrency=args.concurrency, connections=args.concurrency, **common)
@@ -241,13 +281,13 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
     render_load(result, console)
     if args.json:
         result.save(args.json)
-        console.print(f"wrote {args.json}")
+        console.print(escape(f"wrote {args.json}"))
     if args.requests_jsonl:
         write_requests_jsonl(args.requests_jsonl, rec)
-        console.print(f"wrote {args.requests_jsonl}")
+        console.print(escape(f"wrote {args.requests_jsonl}"))
     if args.plot:
         from latencylab.load.plots import plot_load
 
         for p in plot_load(result, args.plot):
-            console.print(f"wrote {p}")
+            console.print(escape(f"wrote {p}"))
     return 0

@@ -2,10 +2,13 @@
 
 Open loop: every request has an *intended* send time from the arrival process,
 fixed before the run, independent of how fast the server answers. The sender
-sleeps until ~1.5 ms before an intended time, then yields to the event loop
-in a tight loop until the time has come, so sends are on time to tens of
-microseconds; if every connection is busy it opens another instead of
-waiting. Each request gets three timestamps (host ``perf_counter_ns``):
+waits for each intended time by spinning (sleep to ~1.5 ms before it, then
+yield to the event loop in a tight loop: on time to tens of microseconds,
+at the price of a busy core) or by sleeping to it on a timer thread (~0.1 ms,
+no CPU): ``spin="auto"`` spins only while a core is free for it, re-decided
+every 0.5 s of the run (see ``latencylab.load.pacing``). If every connection
+is busy it opens another instead of waiting. Each request gets three
+timestamps (host ``perf_counter_ns``):
 
 * intended  -- from the arrival process;
 * sent      -- when its bytes were handed to the socket;
@@ -14,14 +17,15 @@ waiting. Each request gets three timestamps (host ``perf_counter_ns``):
 Latency (corrected) = done - intended: what a user arriving at that moment
 experiences, so a server stall that delays sends still shows in percentiles.
 Latency (uncorrected) = done - sent: what a closed-loop tool would report.
-Lateness = sent - intended: the generator's own error. A run where more than
-1% of requests were more than 1 ms late is marked invalid.
+Lateness = sent - intended: the generator's own error. An open-loop run where
+more than 1% of requests were more than 1 ms late is marked invalid.
 
 Closed loop (``mode="closed"``): ``concurrency`` users, each sending its next
 request when the previous one completes; intended = sent, so the corrected
 and uncorrected figures coincide. This is what Locust-style tools measure;
-results are labelled as such, because a stall pauses the users and hides
-itself.
+results are labelled as such (latency from the actual send, coordinated
+omission not corrected, validity not judged), because a stall pauses the
+users and hides itself.
 
 With ``request_start_header`` every request carries ``X-Request-Start: t=<unix µs>`` of its intended send
 time (the run's wall-clock origin, read once, plus the schedule offset), so a server that trusts it counts
@@ -51,10 +55,10 @@ from latencylab.errors import LatencyLabError
 from latencylab.load.arrivals import ArrivalProcess
 from latencylab.load.early_stop import Progress
 from latencylab.load.http import ConnectionPool, Target, build_request, build_stamped_request, stamp
+from latencylab.load.pacing import SPIN_MODES, SPIN_NS, SpinPolicy, Waker
 
 LATE_NS = 1_000_000  # 1 ms
 LATE_FRACTION = 0.01
-SPIN_NS = 1_500_000  # sleep until this close to an intended time, then spin
 
 OUTCOMES = ("ok", "shed", "error")
 
@@ -81,10 +85,15 @@ class LoadConfig:
     # send X-Request-Start: t=<unix µs of the request's intended send time>, so that a server can count its
     # deadline from when the user's wait began (time in the generator and the socket queue included)
     request_start_header: bool = False
+    # open loop: busy-wait the last 1.5 ms before each send ("on"), sleep to it ("off"), or spin only while a
+    # core is free for it ("auto"; latencylab.load.pacing)
+    spin: str = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in ("open", "closed"):
             raise LatencyLabError(f"mode must be open or closed, got {self.mode!r}")
+        if self.spin not in SPIN_MODES:
+            raise LatencyLabError(f"spin must be one of {', '.join(SPIN_MODES)}, got {self.spin!r}")
         if self.duration_s is None and self.max_requests is None:
             raise LatencyLabError("give a duration or a maximum request count (runs are bounded)")
         if self.duration_s is not None and not self.duration_s > 0:
@@ -136,6 +145,11 @@ class RunStats:
     connections_opened: int
     max_in_flight: int
     stopped_early: str = ""
+    cpu_share: float | None = None  # cpu_s / wall time over the same interval, in cores (None: use wall_s)
+    cores: int | None = None  # CPUs the generator could run on
+    spin: str = ""  # the spin mode asked for ("" for closed loop: sends follow completions)
+    spun: int = 0  # open-loop sends whose wait ended in a busy-wait
+    other_cpu_cores: float | None = None  # mean other work on the generator's cores (per 0.5-s window), in cores
 
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -184,6 +198,8 @@ class _Run:
         self._pending: set[asyncio.Future[None]] = set()
         self.waiting: collections.deque[int] = collections.deque()
         self._opening = 0
+        self.policy = SpinPolicy(cfg.spin)
+        self.spun = 0
 
     def _record(self, status: int, headers: dict[str, str], body: bytes, done: int, rid: int) -> None:
         self.inflight.pop(rid, None)
@@ -270,6 +286,7 @@ class _Run:
         limit = int(self.cfg.timeout_s * 1e9)
         while not self.finished.is_set():
             await asyncio.sleep(0.05)
+            self.policy.tick()
             if abort_when is not None and not self.stop_sending:
                 elapsed = (time.perf_counter_ns() - self.t0) / 1e9
                 # Blocks still receiving sends are left out: a half-filled block is not one observation.
@@ -348,30 +365,45 @@ async def _open_loop(run: _Run, arrivals: ArrivalProcess, n_payloads: int, seed:
     end_s = cfg.duration_s if cfg.duration_s is not None else float("inf")
     stream = arrivals.arrivals(None if floor else cfg.duration_s, cfg.max_requests or (2**62 if floor else None))
     burst = 0
-    for a in stream:
-        if run.stop_sending or (floor and a.t_s >= end_s and len(run.intended) >= floor):
-            break
-        intended = t0 + round(a.t_s * 1e9)
-        while True:
-            dt = intended - perf()
-            if dt <= 0:
-                # Catching up after a stall: yield now and then, so answers are read and connections
-                # return to the pool; a burst without yielding would open a connection per request.
-                burst += 1
-                if burst >= 4:
-                    burst = 0
-                    await asyncio.sleep(0)
+    policy = run.policy
+    waker: Waker | None = None  # started on the first sleep to a deadline (never with spin "on")
+    try:
+        for a in stream:
+            if run.stop_sending or (floor and a.t_s >= end_s and len(run.intended) >= floor):
                 break
-            burst = 0
-            if dt > SPIN_NS:
-                await asyncio.sleep((dt - SPIN_NS) / 1e9)
-            else:
-                await asyncio.sleep(0)  # yield: responses keep being processed while we spin
-        i = next(counter)
-        payload = a.payload if a.payload is not None else int(choices[i % 4096])
-        if payload >= n_payloads:
-            raise LatencyLabError(f"arrival {i} names payload {payload}, but only {n_payloads} exist")
-        run.send(run._new_slot(intended - t0, payload))
+            intended = t0 + round(a.t_s * 1e9)
+            spun = False
+            while True:
+                dt = intended - perf()
+                if dt <= 0:
+                    # Catching up after a stall: yield now and then, so answers are read and connections
+                    # return to the pool; a burst without yielding would open a connection per request.
+                    burst += 1
+                    if burst >= 4:
+                        burst = 0
+                        await asyncio.sleep(0)
+                    break
+                burst = 0
+                if not policy.spin:
+                    # Sleep to the time itself: no CPU taken from the server under test; a late wake-up is
+                    # lateness, measured, and counted in the latency (timed from the intended send).
+                    if waker is None:
+                        waker = Waker(asyncio.get_running_loop())
+                    await waker.until(intended)
+                elif dt > SPIN_NS:
+                    await asyncio.sleep((dt - SPIN_NS) / 1e9)
+                else:
+                    spun = True
+                    await asyncio.sleep(0)  # yield: responses keep being processed while we spin
+            run.spun += spun
+            i = next(counter)
+            payload = a.payload if a.payload is not None else int(choices[i % 4096])
+            if payload >= n_payloads:
+                raise LatencyLabError(f"arrival {i} names payload {payload}, but only {n_payloads} exist")
+            run.send(run._new_slot(intended - t0, payload))
+    finally:
+        if waker is not None:
+            waker.close()
     run.all_sent = True
     if run.completed == len(run.intended):
         run.finished.set()
@@ -438,6 +470,8 @@ async def generate(
     except ConnectionError as exc:
         raise LatencyLabError(str(exc)) from exc
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_t0 = time.perf_counter_ns()
+    run.policy.start()
     run.t0 = time.perf_counter_ns() + 20_000_000  # first send 20 ms from now: the loop is settled
     run.wall_offset_ns = wall_offset_ns()
     tasks = [asyncio.ensure_future(run.watchdog(abort_when))]
@@ -459,16 +493,24 @@ async def generate(
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         run.pool.close()
+    run.policy.finish()
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_wall_s = (time.perf_counter_ns() - cpu_t0) / 1e9
     rec = run.records()
     end = int(rec.done_ns.max()) if rec.n else 0
+    cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     stats = RunStats(
         wall_s=end / 1e9,
         send_span_s=(int(rec.intended_ns.max()) if rec.n else 0) / 1e9,
-        cpu_s=(ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
+        cpu_s=cpu_s,
         connections_opened=run.pool.opened,
         max_in_flight=run.max_inflight,
         stopped_early=run.stop_reason,
+        cpu_share=cpu_s / cpu_wall_s if cpu_wall_s > 0 else None,
+        cores=run.policy.cores,
+        spin=cfg.spin if cfg.mode == "open" else "",
+        spun=run.spun,
+        other_cpu_cores=run.policy.others_mean,
     )
     return rec, stats
 

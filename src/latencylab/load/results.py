@@ -89,6 +89,19 @@ def _achieved_rate(n: int, run: RunStats, cfg: LoadConfig) -> float | None:
     return n / span if span > 0 else None
 
 
+OPEN_BASIS = "from intended send"
+CLOSED_BASIS = "closed loop: from actual send; coordinated omission not corrected"
+
+
+def latency_basis(summary: Mapping[str, Any]) -> str:
+    """What the latency figures are timed from (results written before the field existed were open loop
+    or say "closed" in their mode)."""
+    basis = summary.get("latency_basis")
+    if basis:
+        return str(basis)
+    return CLOSED_BASIS if str(summary.get("mode", "")).startswith("closed") else OPEN_BASIS
+
+
 def summarize_run(
     rec: Records,
     run: RunStats,
@@ -121,22 +134,32 @@ def summarize_run(
         )
     if int((rec.outcome < 0).sum()):
         invalid.append("some requests have no outcome (internal error)")
+    # Closed loop has no schedule to keep, so the open-loop rule (sends on time) says nothing about it:
+    # its verdict is null, not a "valid" that would read as an open-loop-valid run.
+    valid: bool | None = not invalid if cfg.mode == "open" or invalid else None
+    cpu_share = run.cpu_share if run.cpu_share is not None else (run.cpu_s / run.wall_s if run.wall_s > 0 else None)
     summary: dict[str, Any] = {
         "mode": cfg.mode if cfg.mode == "open" else f"closed (concurrency {cfg.concurrency})",
+        "latency_basis": OPEN_BASIS if cfg.mode == "open" else CLOSED_BASIS,
         "target_rate": target_rate,
         "achieved_rate": _achieved_rate(rec.n, run, cfg),
         "throughput_ok": counts["ok"] / run.wall_s if run.wall_s > 0 else None,
         "duration_s": run.wall_s,
         **counts,
         "errors_by_reason": dict(rec.errors),
-        "valid": not invalid,
+        "valid": valid,
         "invalid_reasons": invalid,
         "late_fraction": late_frac,
         "lateness_p50_ms": float(np.quantile(late, 0.5)) / 1e6 if rec.n else None,
         "lateness_p99_ms": float(np.quantile(late, 0.99)) / 1e6 if rec.n else None,
         "lateness_max_ms": float(late.max()) / 1e6 if rec.n else None,
         "client_cpu_s": run.cpu_s,
-        "client_cpu_percent": 100 * run.cpu_s / run.wall_s if run.wall_s > 0 else None,
+        "client_cpu_share": cpu_share,
+        "client_cpu_percent": None if cpu_share is None else 100 * cpu_share,
+        "client_cores": run.cores,
+        "other_cpu_cores": run.other_cpu_cores,
+        "spin": run.spin or None,
+        "spin_fraction": run.spun / rec.n if run.spin and rec.n else None,
         "connections_opened": run.connections_opened,
         "max_in_flight": run.max_in_flight,
     }
@@ -155,6 +178,14 @@ def summarize_run(
         summary["warnings"] = [w for w in cs.warnings if "rests on" in w]
     else:
         summary["warnings"] = ["no successful request"]
+    if cpu_share is not None and run.cores and run.other_cpu_cores is not None:
+        busy = cpu_share + run.other_cpu_cores
+        if busy >= 0.9 * run.cores:
+            summary["warnings"].append(
+                f"the generator's {run.cores} core(s) were {busy / run.cores:.0%} busy (generator {cpu_share:.2f}, "
+                f"other work {run.other_cpu_cores:.2f} cores): the generator competed for CPU with the server "
+                "under test and whatever else ran there"
+            )
     verdict = None
     if slo is not None:
         # A request that was shed or failed did not meet the SLO either.

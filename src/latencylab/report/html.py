@@ -158,7 +158,9 @@ def _glance(r: LoadedResult) -> str:
         )
     if r.kind == "load":
         t = d.get("target") or {}
-        valid = "" if s.get("valid", True) else ' <span class="bad">INVALID run</span>'
+        valid = ' <span class="bad">INVALID run</span>' if s.get("valid", True) is False else ""
+        if s.get("valid", True) is None:  # closed loop: validity is not judged, the stall may be hidden
+            valid = ' <span class="note">closed loop: coordinated omission not corrected</span>'
         return (
             f"{_e(t.get('model', ''))} at {_e(s.get('mode', ''))} loop, {_ms(s.get('achieved_rate'))} req/s achieved; "
             f"{s.get('sent', 0):,} sent / {s.get('ok', 0):,} ok / {s.get('shed', 0):,} shed / {s.get('error', 0):,} "
