@@ -200,7 +200,8 @@ def test_torch_export_matches_torch(torch_model: tuple[Path, Any]) -> None:
     assert feed["x"].shape == (2, 8) and feed["x"].dtype == np.float32
     ids = np.stack([pipe.source(i)["ids"] for i in range(POOL_SIZE)])
     assert ids.min() >= 0 and ids.max() <= INT_HIGH - 1 and len(np.unique(ids)) > 50
-    assert any("integer inputs" in n for n in pipe.metadata["notes"])
+    # the ids index a 100-row embedding table: drawn from its rows, and the rule is written down
+    assert any("'ids'" in n and "0..99" in n and "100 rows of the embedding table" in n for n in pipe.metadata["notes"])
     (out,) = pipe.run_once(0)
     with torch.no_grad():
         want = net(torch.from_numpy(feed["ids"]), torch.from_numpy(feed["x"])).numpy()
@@ -212,8 +213,9 @@ def test_unset_symbolic_dims_default_and_are_shared(models: dict[str, Path]) -> 
     pipe = build(_opts(models["masked"], batch_size=4))
     feed = pipe.source(0)
     assert feed["x"].shape == feed["mask"].shape == (4, DEFAULT_DIM)
-    assert feed["mask"].dtype == np.bool_ and 0 < feed["mask"].mean() < 1
+    assert feed["mask"].dtype == np.bool_ and feed["mask"].all()  # a mask: every position attended
     assert any("'seq'" in n and "dim.seq" in n for n in pipe.metadata["notes"])
+    assert pipe.metadata["guessed_dims"] == {"seq": DEFAULT_DIM}
     (y,) = pipe.run_once(0)
     np.testing.assert_array_equal(y, np.where(feed["mask"], feed["x"], 0))
 
@@ -398,3 +400,98 @@ def test_string_input_is_rejected(models: dict[str, Path]) -> None:
         [helper.make_tensor_value_info("t", TensorProto.STRING, ["batch"])],
     )
     _raises(_opts(path), "model input 's' has type tensor(string)")
+
+
+# ---------------------------------------------------------------- guessed inputs (issue 15, item 13)
+
+
+@pytest.fixture(scope="module")
+def tokens_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A BERT-like input signature: ids into a 37-row table (fewer than INT_HIGH), a mask, token types."""
+    torch: Any = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.words = torch.nn.Embedding(37, 6)
+            self.types = torch.nn.Embedding(2, 6)
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            h = self.words(input_ids) + self.types(token_type_ids)
+            m = attention_mask.unsqueeze(-1).to(h.dtype)
+            return (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tokens") / "tokens.onnx"
+    example = tuple(torch.zeros(1, 5, dtype=torch.int64) for _ in range(3))
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            Net().eval(), example, str(path), dynamo=False, opset_version=17, input_names=names,
+            output_names=["out"], dynamic_axes={**{n: {0: "batch", 1: "seq"} for n in names}, "out": {0: "batch"}},
+        )  # fmt: skip
+    return path
+
+
+def test_guessed_token_inputs_follow_names_and_the_embedding_table(tokens_model: Path) -> None:
+    """ids within the vocabulary read from the Gather's table (37 rows: random 0..99 would crash the Gather),
+    masks 1, token types 0, the dim=N guess used, and every guess written down."""
+    pipe = build(_opts(tokens_model, batch_size=2, params={"dim": "24"}))
+    feeds = [pipe.source(i) for i in range(POOL_SIZE)]
+    ids = np.stack([f["input_ids"] for f in feeds])
+    assert ids.shape[1:] == (2, 24) and ids.min() >= 0 and ids.max() == 36  # the whole vocabulary, no more
+    assert all((f["attention_mask"] == 1).all() and (f["token_type_ids"] == 0).all() for f in feeds)
+    md = pipe.metadata
+    assert md["guessed_dims"] == {"seq": 24}
+    rules = {g["name"]: g["values"] for g in md["guessed"]}
+    assert rules["input_ids"].startswith("random in 0..36 (the 37 rows of the embedding table")
+    assert rules["attention_mask"].startswith("1 everywhere") and rules["token_type_ids"].startswith("0 everywhere")
+    assert [g["shape"] for g in md["guessed"]] == [[2, 24]] * 3
+    assert any(n == "dimension 'seq' set to 24 (dim=N; pass dim.seq=N to choose)" for n in md["notes"])
+    assert np.isfinite(pipe.run_once(0)[0]).all()
+
+
+def test_guess_rules_by_name() -> None:
+    from latencylab.workloads.onnx_model import InputSpec, guess_rule
+
+    def rule(name: str, dtype: str = "tensor(int64)", tables: dict[str, int] | None = None) -> Any:
+        return guess_rule(InputSpec(name, ("b", "s"), dtype), (1, 8), tables or {})
+
+    assert (rule("key_padding_mask", "tensor(bool)").kind, rule("key_padding_mask").value) == ("fill", 0)
+    assert (rule("attention_mask", "tensor(float)").kind, rule("attention_mask", "tensor(float)").value) == ("fill", 1)
+    assert rule("segment_ids").value == 0
+    assert rule("position_ids").kind == "positions"
+    assert (rule("input_ids", tables={"input_ids": 30522}).high, rule("input_ids").high) == (30522, INT_HIGH)
+    assert rule("pixel_values", "tensor(float)").kind == "normal"
+
+
+def test_a_failing_guess_names_the_dim_and_inputs_fix(tmp_path: Path) -> None:
+    """x [batch, n] into a Gemm that needs n = 4: the guess n = 16 fails; the error names dim.n and --inputs."""
+    path = _save(
+        tmp_path / "gemm.onnx",
+        [helper.make_node("Gemm", ["x", "W", "b"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [onnx.numpy_helper.from_array(W, "W"), onnx.numpy_helper.from_array(B, "b")],
+    )
+    msg = _raises(_opts(path), "onnxruntime failed running gemm.onnx", "x [1, 16]", "guessed n=16",
+                  "--param dim.n=N", "--inputs FILE.npz")  # fmt: skip
+    assert "GEMM" in msg.upper()
+    np.testing.assert_allclose(build(_opts(path, params={"dim.n": "4"})).run_once(0)[0].shape, (1, 3))
+
+
+def test_npz_samples_split_into_disjoint_batches(models: dict[str, Path], tmp_path: Path) -> None:
+    from latencylab.workloads.onnx_model import open_model
+
+    rows = np.arange(7 * 4, dtype=np.float32).reshape(7, 4)
+    np.savez(tmp_path / "seven.npz", x=rows)
+    m = open_model(_opts(models["mlp"], batch_size=2, inputs_path=str(tmp_path / "seven.npz")))
+    assert m.npz is not None and m.npz.samples == 7 and m.npz.rows == 2
+    held = m.npz.feeds([1, 2, 3])  # 3 samples at batch 2: the last batch completed from the subset's start
+    assert [f["x"][:, 0].tolist() for f in held] == [[4.0, 8.0], [12.0, 4.0]]
+    assert m.npz.feeds([]) == []
+    assert (
+        m.metadata["samples"] == 7
+        and m.metadata["inputs_sha256"] == hashlib.sha256((tmp_path / "seven.npz").read_bytes()).hexdigest()
+    )

@@ -232,8 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--run", nargs=2, metavar=("A", "B"),
         help='measure two specs interleaved, e.g. "--workload synthetic --param ..." (the recommended CI gate)',
     )  # fmt: skip
-    cp.add_argument("--rounds", type=_positive_int, default=10, help="--run: interleaved rounds (default 10)")
-    cp.add_argument("--iterations", type=_positive_int, default=200, help="--run: timed iterations per run (200)")
+    cp.add_argument("--rounds", type=_positive_int, default=20, help="--run: interleaved rounds (default 20)")
+    cp.add_argument("--iterations", type=_positive_int, default=100, help="--run: timed iterations per run (100)")
     cp.add_argument("--warmup", type=_non_negative_int, default=10, help="--run: warm-up iterations per run (10)")
     cp.add_argument("--seed", type=int, default=0, help="--run: seed of the A/B order per round")
     cp.add_argument("--keep", metavar="DIR", help="--run: also write DIR/A.json and DIR/B.json")
@@ -332,7 +332,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     analysis = analyze(result)
     out = _stdout_console()
     render_profile(result, analysis, out)
-    for w in lint(env):
+    for w in lint(dict(result.env)):  # busy: judged by what the run measured (env.run)
         out.print(f"[yellow]env:[/yellow] {w.message} ({w.hint})")
     budget_broken = False
     if args.latency_budget:

@@ -42,6 +42,10 @@ def render(doc: dict[str, Any], console: Console) -> None:
             more.append("-" if m.get("p50_ms") is None else f"{m['p50_ms']:.2f}{x}")
         t.add_row(name, c["backend"], c["status"], p50, p99, sp, *more, fid, c["reason"])
     console.print(t)
+    from latencylab.optimize.lab import input_lines
+
+    for line in input_lines(doc.get("model") or {}, (doc.get("config") or {}).get("seq_len")):
+        console.print(line, markup=False, highlight=False)
     if sets:
         console.print(f"input sets: {', '.join(sets)} (the first is the p50 column's; speed-up = baseline as declared"
                       " / candidate, a shape policy's gain included: the split is below)")  # fmt: skip
@@ -55,6 +59,8 @@ def render(doc: dict[str, Any], console: Console) -> None:
     if s.get("skipped_by_time_cap"):
         cut = s["skipped_by_time_cap"]
         console.print(f"[yellow]the time cap cut {len(cut)} candidate(s): {', '.join(cut)}[/yellow]")
+    if doc.get("out_removed"):
+        console.print(f"removed the previous run's {', '.join(doc['out_removed'])} from --out", markup=False)
     if doc.get("artifact"):
         console.print(f"artifact: {doc['artifact']}  recipe: {doc.get('recipe')}")
     if doc.get("artifact_error"):
@@ -64,8 +70,15 @@ def render(doc: dict[str, Any], console: Console) -> None:
 def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from latencylab.optimize.lab import LabConfig, apply_recipe, run_lab
+    from latencylab.optimize.lab import LabConfig, apply_recipe, check_writable, run_lab
 
+    # what can be refused is refused now, not after a search of many minutes
+    if args.json:
+        check_writable(args.json, "--json", is_dir=False)
+    if args.recipe and args.out:
+        raise LatencyLabError("--out does not apply with --recipe (it re-measures the recipe's variant)")
+    if args.force and not args.recipe:
+        raise LatencyLabError("--force only applies with --recipe")
     err = Console(stderr=True)
     with Progress(
         TextColumn("[bold]optimize[/bold] {task.description}"),
@@ -83,8 +96,12 @@ def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
             if not err.is_terminal and not args.quiet:
                 err.print(f"optimize: [{step}/{total}] {msg}")
 
+        def notice(line: str) -> None:
+            if not args.quiet:
+                bar.console.print(line, markup=False, highlight=False)
+
         if args.recipe:
-            doc = apply_recipe(Path(args.recipe), progress)
+            doc = apply_recipe(Path(args.recipe), progress, force=args.force)
         else:
             if args.model and args.pipeline:
                 raise LatencyLabError("give either --model or --pipeline, not both")
@@ -108,11 +125,13 @@ def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
             )
             if cfg.threads < 1:
                 raise LatencyLabError("--threads must be >= 1")
-            doc = run_lab(cfg, Path(args.out) if args.out else None, progress)
+            doc = run_lab(cfg, Path(args.out) if args.out else None, progress, notice=notice)
     render(doc, console)
     if args.recipe and doc.get("recipe"):
         rec = doc["recipe"]
         console.print(f"recipe recorded: {rec['recorded']}\nreproduced now:  {rec['reproduced']}")
+        for msg in rec.get("forced") or []:
+            console.print(f"[yellow]--force: {msg}[/yellow]")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1, default=str))

@@ -8,18 +8,21 @@ artifact (an ONNX file, or a TorchScript file for torch variants) and ``recipe.j
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
+import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from latencylab.errors import LatencyLabError
 from latencylab.optimize.search import (
+    DEFAULT_BUDGET_NO_LABELS,
     DEFAULT_BUDGETS,
     TIME_CAP_REASON,
     Budget,
@@ -136,6 +139,7 @@ def make_context(cfg: LabConfig, workdir: Path) -> BuildContext:
         inputs_path=cfg.inputs_path,
         pipeline=cfg.pipeline,
         params=dict(p.partition("=")[::2] for p in cfg.params),
+        workdir=workdir,
     )
     return BuildContext(adapter, workdir, threads=cfg.threads, isa=isa)
 
@@ -308,27 +312,173 @@ def export(ctx: BuildContext, cand: Candidate, out_dir: Path) -> Path:
     return dst
 
 
+def check_writable(path: str | Path, what: str, is_dir: bool) -> None:
+    """Raise a one-line error now, before any work, unless ``path`` can be written later (a directory for
+    ``is_dir``, else a file); missing parents count as creatable when the nearest existing one is a writable
+    directory. Creates nothing."""
+    p = Path(path).expanduser()
+    if p.exists():
+        if is_dir and not p.is_dir():
+            raise LatencyLabError(f"{what} {path} is a file, not a directory")
+        if not is_dir and p.is_dir():
+            raise LatencyLabError(f"{what} {path} is a directory, not a file")
+        if not os.access(p, os.W_OK | (os.X_OK if is_dir else 0)):
+            raise LatencyLabError(f"{what} {path} is not writable")
+        return
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise LatencyLabError(f"{what} {path} cannot be created: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise LatencyLabError(f"{what} {path} cannot be created: {parent} is not writable")
+
+
+OUT_FILES = ("model.onnx", "model.pt", "recipe.json", "optimize.json")  # what run_lab writes into --out
+RUNGS_DIR = "rungs"  # and rungs/<candidate>.onnx
+
+
+def _kind_of(path: Path) -> str | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc.get("kind") if isinstance(doc, dict) else None
+
+
+def previous_artifacts(out_dir: Path, keep: Sequence[str | None] = ()) -> list[Path]:
+    """The files an earlier run wrote into ``out_dir`` (:data:`OUT_FILES`, ``rungs/*.onnx``): this run removes
+    them before it writes its own, so no artifact is left beside a result it does not belong to.
+
+    Refuses (one line) when those names are there without a latencylab ``recipe.json`` or ``optimize.json``
+    (they would be a user's files), and when one of them, or ``out_dir`` itself, is in ``keep`` (the run's
+    ``--model`` / ``--inputs``). Other files are never touched.
+    """
+    out_dir = Path(out_dir).expanduser()
+    protected = {Path(k).expanduser().resolve() for k in keep if k}
+    if out_dir.resolve() in protected:
+        raise LatencyLabError(f"--out {out_dir} is the --model directory: give another --out")
+    if not out_dir.is_dir():
+        return []
+    found = [out_dir / n for n in OUT_FILES if (out_dir / n).is_file()]
+    if (out_dir / RUNGS_DIR).is_dir():
+        found += sorted(p for p in (out_dir / RUNGS_DIR).glob("*.onnx") if p.is_file())
+    if not found:
+        return []
+    names = ", ".join(str(p.relative_to(out_dir)) for p in found)
+    if _kind_of(out_dir / "recipe.json") != "recipe" and _kind_of(out_dir / "optimize.json") != "optimize":
+        raise LatencyLabError(
+            f"--out {out_dir} holds {names}, which latencylab did not write (no latencylab recipe.json or "
+            "optimize.json beside them): give another --out, or move them away"
+        )
+    for p in found:
+        if p.resolve() in protected:
+            raise LatencyLabError(f"--out {out_dir} would replace {p.relative_to(out_dir)}, this run's input: "
+                                  "give another --out")  # fmt: skip
+    return found
+
+
+def clear_previous(out_dir: Path, stale: Sequence[Path]) -> list[str]:
+    """Remove ``stale`` (from :func:`previous_artifacts`) and an emptied ``rungs/``; the names removed."""
+    removed = []
+    for p in stale:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+            removed.append(str(p.relative_to(out_dir)))
+    rungs = out_dir / RUNGS_DIR
+    with contextlib.suppress(OSError):  # not empty (a user's file in it) or absent: left as it is
+        rungs.rmdir()
+    return removed
+
+
+def default_budget(adapter: Any) -> str:
+    """The budget when none is given: by output kind; a classifier without labels by top-1 agreement."""
+    table = DEFAULT_BUDGETS if adapter.labels() is not None else DEFAULT_BUDGET_NO_LABELS
+    return table[adapter.output_kind]
+
+
+def input_lines(model: dict[str, Any], seq_len: int | None = None) -> list[str]:
+    """Where the inputs come from, how they were split, and every guess made (the terminal prints these)."""
+    out = [str(model["inputs_line"])] if model.get("inputs_line") else []
+    for g in model.get("guessed_inputs") or []:
+        out.append(f"  guessed {g['name']} {g['dtype']} {g['shape']}: {g['values']}")
+    dims = model.get("guessed_dims") or {}
+    if dims:
+        given = "dim" in (model.get("params") or {})
+        src = "--param dim=N" if given else "--seq-len" if seq_len else "the default guess"
+        sizes = ", ".join(f"{k}={v}" for k, v in dims.items())
+        fix = " ".join(f"--param dim.{k}=N" for k in dims)
+        out.append(
+            f"  guessed dimension(s) {sizes} (from {src}; {fix} to choose, or --inputs FILE.npz for real inputs)"
+        )
+    return out
+
+
 def run_lab(
-    cfg: LabConfig, out_dir: Path | None = None, progress: ProgressFn | None = None, workdir: Path | None = None
+    cfg: LabConfig,
+    out_dir: Path | None = None,
+    progress: ProgressFn | None = None,
+    workdir: Path | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The whole lab: candidates, search, export + recipe; returns the result document."""
+    """The whole lab: candidates, search, export + recipe; returns the result document.
+
+    Everything that can be refused is refused before the search: the budget (:meth:`Budget.parse`, then
+    :meth:`Budget.check_applies` once the model is known), ``out_dir`` (writable, and holding no files
+    latencylab did not write). The scratch directory (``workdir``, default a fresh ``latencylab-opt-*`` in
+    the system temp dir) is removed at the end whatever happens, Ctrl-C included, when run_lab made it.
+    ``notice`` receives lines worth printing before the search starts (the inputs and their guesses).
+    """
+    budget = None if cfg.budget is None else Budget.parse(cfg.budget)
+    stale: list[Path] = []
+    if out_dir is not None:
+        check_writable(out_dir, "--out", is_dir=True)
+        stale = previous_artifacts(out_dir, keep=(cfg.model_path, cfg.inputs_path))
+        out_dir = Path(out_dir).expanduser().resolve()  # the result names its files wherever it is read from
     from latencylab.env import fingerprint
 
     env = fingerprint(sample_s=0.1, probe_torch=True)
+    own = workdir is None
     tmp = Path(tempfile.mkdtemp(prefix="latencylab-opt-")) if workdir is None else workdir
+    try:
+        return _run_lab(cfg, tmp, budget, env, out_dir, stale, progress, notice)
+    finally:
+        if own:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_lab(
+    cfg: LabConfig,
+    tmp: Path,
+    budget: Budget | None,
+    env: dict[str, Any],
+    out_dir: Path | None,
+    stale: list[Path],
+    progress: ProgressFn | None,
+    notice: Callable[[str], None] | None,
+) -> dict[str, Any]:
     ctx = make_context(cfg, tmp)
+    described = ctx.adapter.describe()
+    if notice is not None:
+        for line in input_lines(described, cfg.seq_len):
+            notice(line)
+    budget = budget or Budget.parse(default_budget(ctx.adapter))
+    budget.check_applies(ctx.adapter.labels() is not None, f"{ctx.adapter.name} ({described.get('model')})")
     _set_threads(cfg.threads)
     families = cfg.families
     if not getattr(ctx.adapter, "has_torch", True):  # e.g. an ONNX file: nothing for the torch family to transform
         families = tuple(f for f in families if f != "torch") or ("onnxruntime",)
     cands = _order(_candidates(ctx, families), cfg.only)
-    budget = Budget.parse(cfg.budget or DEFAULT_BUDGETS[ctx.adapter.output_kind])
     keep = [c.name for c in cands[1:] if c.name.startswith(cands[0].name + "-")]  # the baseline's twins
     res = search(
         ctx, cands, budget, cfg.rounds, cfg.per_round, time_budget_s=cfg.time_budget_s, progress=progress, keep=keep
     )
     doc = result_dict(cfg, ctx, res, env)
-    if out_dir is not None and res.chosen is not None:
+    if out_dir is None:
+        return doc
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc["out_removed"] = clear_previous(out_dir, stale)
+    if res.chosen is not None:
         chosen = next(c for c in cands if c.name == res.chosen)
         try:
             artifact = export(ctx, chosen, out_dir)
@@ -341,7 +491,7 @@ def run_lab(
             "kind": "recipe",
             "workload": cfg.workload,
             "pipeline": cfg.pipeline,
-            "model": ctx.adapter.describe(),
+            "model": described,
             "candidate": chosen.name,
             "family": chosen.family,
             "backend": chosen.backend,
@@ -363,7 +513,8 @@ def run_lab(
         }
         (out_dir / "recipe.json").write_text(json.dumps(recipe, indent=1))
         doc["recipe"] = str(out_dir / "recipe.json")
-        (out_dir / "optimize.json").write_text(json.dumps(doc, indent=1, default=str))
+    # the whole result, also when nothing was chosen: the directory describes this search, not an older one
+    (out_dir / "optimize.json").write_text(json.dumps(doc, indent=1, default=str))
     return doc
 
 
@@ -402,8 +553,42 @@ def export_rungs(ctx: BuildContext, cands: Sequence[Candidate], res: SearchResul
     return out
 
 
-def apply_recipe(path: Path, progress: ProgressFn | None = None, rounds: int = 10) -> dict[str, Any]:
-    """Rebuild the recipe's variant on the same model and measure it against the baseline again."""
+def _check_sources(path: Path, model: dict[str, Any], force: bool) -> list[str]:
+    """Refuse to rebuild a recipe on another model or other inputs than it records (sha256), unless
+    ``force``; the mismatches forced through, in words."""
+    from latencylab.optimize.adapters import model_digest
+
+    forced = []
+    for what, key, digest_key in (("model", "model_path", "model_sha256"), ("inputs", "inputs_path", "inputs_sha256")):
+        where, recorded = model.get(key), model.get(digest_key)
+        if not where:
+            continue
+        if not Path(where).exists():
+            raise LatencyLabError(f"{path}: the recipe's {what} {where} is not there")
+        if not recorded:
+            continue
+        now = model_digest(where)
+        if now != recorded:
+            msg = (
+                f"{where} is not the {what} this recipe was made from (sha256 {now[:12]}, the recipe records "
+                f"{recorded[:12]})"
+            )
+            if not force:
+                raise LatencyLabError(
+                    f"{path}: {msg}: rebuilding would measure something else; --force to rebuild anyway"
+                )
+            forced.append(msg)
+    return forced
+
+
+def apply_recipe(
+    path: Path, progress: ProgressFn | None = None, rounds: int = 10, force: bool = False
+) -> dict[str, Any]:
+    """Rebuild the recipe's variant on the same model and measure it against the baseline again.
+
+    A user's model and inputs must be the ones the recipe records (same sha256; ``force`` rebuilds anyway
+    and says so in ``doc["recipe"]["forced"]``); paths are absolute, so the recipe works from any directory.
+    """
     try:
         recipe = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -411,6 +596,11 @@ def apply_recipe(path: Path, progress: ProgressFn | None = None, rounds: int = 1
     if recipe.get("kind") != "recipe":
         raise LatencyLabError(f"{path}: not a latencylab recipe")
     model = recipe.get("model", {})
+    forced = _check_sources(Path(path), model, force)
+    if recipe["workload"] == "onnx":
+        params: tuple[str, ...] = tuple(f"{k}={v}" for k, v in (model.get("params") or {}).items())
+    else:
+        params = (f"padding={model['padding']}",) if model.get("padding") else ()
     cfg = LabConfig(
         workload=recipe["workload"],
         budget=recipe["budget"],
@@ -418,7 +608,7 @@ def apply_recipe(path: Path, progress: ProgressFn | None = None, rounds: int = 1
         families=(_family_of(recipe["backend"]),) if recipe["backend"] != "torch" else ("torch",),
         seq_len=model.get("seq_len", 128),
         batch_size=int(model.get("batch_size", 1)),
-        params=(f"padding={model['padding']}",) if model.get("padding") else (),
+        params=params,
         model_path=model.get("model_path"),
         inputs_path=model.get("inputs_path"),
         pipeline=recipe.get("pipeline"),
@@ -428,6 +618,17 @@ def apply_recipe(path: Path, progress: ProgressFn | None = None, rounds: int = 1
     if cfg.families != ("torch",) and cfg.workload != "onnx":  # the baseline (torch-fp32): the torch family
         cfg = dataclasses.replace(cfg, families=("torch", *cfg.families))
     tmp = Path(tempfile.mkdtemp(prefix="latencylab-recipe-"))
+    try:
+        doc = _reapply(cfg, recipe, tmp, Path(path), progress)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    doc["recipe"]["forced"] = forced
+    return doc
+
+
+def _reapply(
+    cfg: LabConfig, recipe: dict[str, Any], tmp: Path, path: Path, progress: ProgressFn | None
+) -> dict[str, Any]:
     ctx = make_context(cfg, tmp)
     _set_threads(cfg.threads)
     cands = _order(_candidates(ctx, cfg.families), cfg.only)

@@ -33,19 +33,43 @@ from latencylab.optimize.types import BuildContext, Candidate, Feed, Runner
 
 # ------------------------------------------------------------------ budget
 
-_BUDGET_TERM = re.compile(r"^\s*(cos|min_cos|top1|accuracy_drop|max_abs)\s*(>=|<=)\s*([0-9.]+)\s*(%?)\s*$")
+_BUDGET_TERM = re.compile(
+    r"^\s*(cos|min_cos|top1|accuracy_drop|max_abs)\s*(>=|<=)\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(%?)\s*$"
+)
 DEFAULT_BUDGETS = {"embedding": "cos>=0.99,min_cos>=0.98", "logits": "accuracy_drop<=1%"}
+# Without task labels a classifier is judged by agreement with the FP32 model's top-1 instead.
+DEFAULT_BUDGET_NO_LABELS = {"embedding": DEFAULT_BUDGETS["embedding"], "logits": "top1>=0.99"}
+# Each metric's direction (a fidelity budget bounds it on the side of "worse") and the values it can take.
+_METRICS: dict[str, tuple[str, float, float]] = {
+    "cos": (">=", -1.0, 1.0),
+    "min_cos": (">=", -1.0, 1.0),
+    "top1": (">=", 0.0, 1.0),
+    "accuracy_drop": ("<=", 0.0, 1.0),
+    "max_abs": ("<=", 0.0, float("inf")),
+}
+NEEDS_LABELS = ("accuracy_drop",)
 
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """Conjunction of fidelity bounds, e.g. ``cos>=0.99,min_cos>=0.98`` or ``accuracy_drop<=1%``."""
+    """Conjunction of fidelity bounds, e.g. ``cos>=0.99,min_cos>=0.98`` or ``accuracy_drop<=1%``.
+
+    :meth:`parse` refuses what could never be met or bounds nothing: an empty budget, a bound on the wrong
+    side (``cos<=0.9`` would keep only the worse variants), or beyond the metric's range (``cos>=1.5``,
+    ``top1>=1.01``, ``accuracy_drop<=150%``). A budget on ``accuracy_drop`` needs task labels
+    (:meth:`check_applies`).
+    """
 
     terms: tuple[tuple[str, str, float], ...]
     text: str
 
     @classmethod
     def parse(cls, text: str) -> Budget:
+        if not text.strip():
+            raise LatencyLabError(
+                "the budget is empty: give at least one clause, e.g. cos>=0.99 or top1>=0.99 (or leave --budget out "
+                "for the default)"
+            )
         terms = []
         for part in text.split(","):
             m = _BUDGET_TERM.match(part)
@@ -54,9 +78,29 @@ class Budget:
                     f"budget term {part.strip()!r} is not understood: use e.g. cos>=0.99, min_cos>=0.98, "
                     "top1>=0.99, accuracy_drop<=1%, max_abs<=0.05"
                 )
+            metric, op = m.group(1), m.group(2)
             value = float(m.group(3)) / (100.0 if m.group(4) else 1.0)
-            terms.append((m.group(1), m.group(2), value))
+            direction, lo, hi = _METRICS[metric]
+            if op != direction:
+                other = "below" if direction == ">=" else "above"
+                raise LatencyLabError(
+                    f"budget term {part.strip()!r} bounds {metric} from the wrong side: a fidelity budget bounds it "
+                    f"from {other} ({metric}{direction}{m.group(3)}{m.group(4)})"
+                )
+            if not lo <= value <= hi:
+                what = "can never be met" if direction == ">=" else "bounds nothing"
+                raise LatencyLabError(f"budget term {part.strip()!r} {what}: {metric} lies in [{lo:g}, {hi:g}]")
+            terms.append((metric, op, value))
         return cls(tuple(terms), text)
+
+    def check_applies(self, has_labels: bool, model: str = "this model") -> None:
+        """Raise when a term needs what the model does not have (``accuracy_drop`` without task labels)."""
+        needs = [t[0] for t in self.terms if t[0] in NEEDS_LABELS]
+        if needs and not has_labels:
+            raise LatencyLabError(
+                f"budget {self.text!r}: {needs[0]} needs task labels and {model} has none: bound the agreement "
+                "with the FP32 model instead, e.g. top1>=0.99 (classifiers) or cos>=0.99 (embeddings)"
+            )
 
     def check(self, f: Fidelity) -> tuple[bool, str]:
         for metric, op, bound in self.terms:

@@ -16,6 +16,19 @@ Workload params (``opts.params``, all strings):
 ``dim.<name>=N``
     Size of the symbolic dimension ``<name>`` for generated inputs; an unnamed
     dimension is addressed as ``dim.<input>.<axis>``.
+``dim=N``
+    Size of every other symbolic (non-batch) dimension of generated inputs
+    (default 16; ``optimize --model`` passes its ``--seq-len``).
+
+Generated inputs follow the input's name and what the graph does with it
+(:func:`guess_rule`), and every guess is listed in ``metadata["guessed"]``:
+masks (``*mask*``) are 1 everywhere (``*pad*mask*``: 0 everywhere), i.e.
+no padding; ``token_type_ids`` / ``*segment*`` are 0; ``position_ids`` count
+0..S-1; an integer input that indexes an embedding table (a ``Gather`` on a
+constant table) is drawn from the table's rows; other integers from
+0..``INT_HIGH``-1; floats are standard normal; booleans are random. When the
+model rejects the guess, the error names the guessed dimensions and the fix
+(``dim.<name>=N`` or ``--inputs``).
 
 Batch axis: the first axis of an input is its batch axis when the model
 declares it symbolic or unknown; it is set to ``opts.batch_size``. Inputs
@@ -50,7 +63,7 @@ OPT_LEVELS: dict[str, str] = {
     "all": "ORT_ENABLE_ALL",
 }
 PROVIDERS: dict[str, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-KNOWN_PARAMS = ("threads", "opt_level", "provider", "dim.<name>")
+KNOWN_PARAMS = ("threads", "opt_level", "provider", "dim.<name>", "dim")
 
 DEFAULT_DIM = 16
 POOL_SIZE = 32
@@ -86,6 +99,8 @@ class OnnxParams:
     opt_level: str = "all"
     provider: str | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
+    default_dim: int = DEFAULT_DIM  # symbolic dims not named in ``dims``
+    default_dim_set: bool = False  # given as ``dim=N`` (else the built-in guess)
 
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> OnnxParams:
@@ -93,6 +108,7 @@ class OnnxParams:
         opt_level = "all"
         provider: str | None = None
         dims: dict[str, int] = {}
+        default_dim: int | None = None
         for key, raw in params.items():
             value = str(raw).strip()
             if key == "threads":
@@ -107,9 +123,18 @@ class OnnxParams:
                 provider = value
             elif key.startswith("dim.") and len(key) > 4:
                 dims[key[4:]] = _parse_int(key, value, minimum=1)
+            elif key == "dim":
+                default_dim = _parse_int(key, value, minimum=1)
             else:
                 raise LatencyLabError(f"unknown onnx workload param {key!r}; known: {', '.join(KNOWN_PARAMS)}")
-        return cls(threads=threads, opt_level=opt_level, provider=provider, dims=dims)
+        return cls(
+            threads=threads,
+            opt_level=opt_level,
+            provider=provider,
+            dims=dims,
+            default_dim=DEFAULT_DIM if default_dim is None else default_dim,
+            default_dim_set=default_dim is not None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +164,38 @@ class InputSpec:
         return {"name": self.name, "shape": list(self.dims), "dtype": self.type}
 
 
-def build(opts: WorkloadOptions) -> Pipeline:
-    """Build the ``forward`` pipeline for ``opts.model_path`` (see the module docstring)."""
+@dataclass(slots=True)
+class UserModel:
+    """An opened user model: its session, declared inputs, and where its inputs come from.
+
+    ``source(i)`` is the i-th batch (the profiler's view); ``npz`` holds the .npz samples when given, so
+    that callers can split them (``optimize`` keeps calibration and held-out samples apart);
+    :meth:`generated` makes ``n`` feeds by the guessing rules when no .npz is given.
+    """
+
+    path: Path
+    session: Any
+    specs: list[InputSpec]
+    params: OnnxParams
+    batch: int
+    source: Callable[[int], Feed]
+    forward: Callable[[Feed], list[Any]]
+    metadata: dict[str, Any]
+    npz: NpzInputs | None = None
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # generated inputs' shapes
+    rules: dict[str, ValueRule] = field(default_factory=dict)  # generated inputs' value rules
+    seed: int = 0
+
+    def generated(self, n: int) -> list[Feed]:
+        """``n`` feeds by the guessing rules (seeded: the same ``n`` feeds every time)."""
+        if self.npz is not None:
+            raise LatencyLabError("the inputs come from an .npz: nothing is generated")
+        rng = np.random.default_rng(self.seed)
+        return [_generate_feed(self.specs, self.shapes, self.rules, rng) for _ in range(n)]
+
+
+def open_model(opts: WorkloadOptions) -> UserModel:
+    """Open ``opts.model_path`` and check its inputs (one untimed run); see the module docstring."""
     params = OnnxParams.parse(opts.params)
     path = _check_model_file(opts.model_path)
     try:
@@ -170,13 +225,24 @@ def build(opts: WorkloadOptions) -> Pipeline:
     notes: list[str] = []
     batch = _check_batch(specs, opts.batch_size, path.name)
     _check_dim_names(specs, params.dims)
-    rng = np.random.default_rng(opts.seed)
+    npz: NpzInputs | None = None
+    shapes: dict[str, tuple[int, ...]] = {}
+    rules: dict[str, ValueRule] = {}
+    guessed_dims: dict[str, int] = {}
     if opts.inputs_path:
-        source, pool_size, fed = _npz_source(opts.inputs_path, specs, batch, params.dims, notes)
+        npz = _npz_inputs(opts.inputs_path, specs, batch, params.dims, notes)
+        source, pool_size = npz.source()
+        fed = npz.fed
         origin = "npz"
     else:
-        shapes = {s.name: _resolve_shape(s, batch, params.dims, notes) for s in specs}
-        pool = _generate_pool(specs, shapes, rng, notes)
+        shapes = {s.name: _resolve_shape(s, batch, params, guessed_dims) for s in specs}
+        rules = {s.name: guess_rule(s, shapes[s.name], _gather_tables(path)) for s in specs}
+        for key, size in guessed_dims.items():
+            how = "dim=N" if params.default_dim_set else "the default guess"
+            notes.append(f"dimension {key!r} set to {size} ({how}; pass dim.{key}=N to choose)")
+        for s in specs:
+            notes.append(f"input {s.name!r} {s.dtype} {list(shapes[s.name])}: {rules[s.name].text}")
+        pool = _generate_pool(specs, shapes, rules, np.random.default_rng(opts.seed))
         pool_size = len(pool)
 
         def source(i: int) -> Feed:
@@ -195,8 +261,13 @@ def build(opts: WorkloadOptions) -> Pipeline:
             raise LatencyLabError(f"onnxruntime failed running {model_name}: {_one_line(exc)}") from exc
 
     # One untimed run now, so that inputs the model rejects fail at build time
-    # with one line rather than mid-profile.
-    sample_outputs = forward(source(0))
+    # with one line (naming the fix when the inputs were guessed) rather than mid-profile.
+    try:
+        sample_outputs = forward(source(0))
+    except LatencyLabError as exc:
+        if npz is not None:
+            raise LatencyLabError(f"{exc} (on the .npz inputs {Path(opts.inputs_path or '').name})") from exc
+        raise LatencyLabError(f"{exc}; {_guess_hint(specs, shapes, guessed_dims)}") from exc
     opts_used = session.get_session_options()
     if opts_used.intra_op_num_threads == 0:
         notes.append("threads=0: onnxruntime picks the intra-op thread count (one per physical core)")
@@ -222,15 +293,30 @@ def build(opts: WorkloadOptions) -> Pipeline:
         "threads": opts_used.intra_op_num_threads,
         "batch_size": batch,
         "input_origin": origin,
-        "inputs_path": str(Path(opts.inputs_path).resolve()) if opts.inputs_path else None,
+        "inputs_path": str(Path(opts.inputs_path).expanduser().resolve()) if opts.inputs_path else None,
+        "inputs_sha256": _sha256(Path(opts.inputs_path).expanduser()) if opts.inputs_path else None,
+        "samples": None if npz is None else npz.samples,
+        "guessed": [
+            {"name": s.name, "dtype": str(s.dtype), "shape": list(shapes[s.name]), "values": rules[s.name].text}
+            for s in specs
+        ]
+        if npz is None
+        else [],
+        "guessed_dims": guessed_dims,
         "seed": opts.seed,
         "pool_size": pool_size,
         "notes": notes,
     }
+    return UserModel(path, session, specs, params, batch, source, forward, metadata, npz, shapes, rules, opts.seed)
+
+
+def build(opts: WorkloadOptions) -> Pipeline:
+    """Build the ``forward`` pipeline for ``opts.model_path`` (see the module docstring)."""
+    m = open_model(opts)
     # session.run is synchronous and returns host arrays even on CUDA, so a
     # host clock times it correctly; a CUDA-event clock on torch's stream would not.
-    return Pipeline(path.stem or "onnx", source=source, device="cpu", metadata=metadata).stage(
-        "forward", forward, kind="forward"
+    return Pipeline(m.path.stem or "onnx", source=m.source, device="cpu", metadata=m.metadata).stage(
+        "forward", m.forward, kind="forward"
     )
 
 
@@ -244,7 +330,11 @@ def _check_model_file(model_path: str | None) -> Path:
     if not path.exists():
         raise LatencyLabError(f"model file {model_path} not found")
     if path.is_dir():
-        raise LatencyLabError(f"model path {model_path} is a directory, not an .onnx file")
+        raise LatencyLabError(
+            f"model path {model_path} is a directory, not an .onnx file: give the .onnx file (a Hugging Face "
+            "model directory: `latencylab optimize --model DIR` exports it, or export it yourself with "
+            "`optimum-cli export onnx --model DIR OUT/` and pass OUT/model.onnx)"
+        )
     if path.stat().st_size == 0:
         raise LatencyLabError(f"model file {model_path} is empty")
     if not os.access(path, os.R_OK):
@@ -338,7 +428,9 @@ def _check_dim_names(specs: Sequence[InputSpec], dims: Mapping[str, int]) -> Non
             raise LatencyLabError(f"dim.{name}: the model has no symbolic dimension {name!r} (has: {listed})")
 
 
-def _resolve_shape(spec: InputSpec, batch: int, dims: Mapping[str, int], notes: list[str]) -> tuple[int, ...]:
+def _resolve_shape(spec: InputSpec, batch: int, params: OnnxParams, guessed: dict[str, int]) -> tuple[int, ...]:
+    """The generated input's shape: fixed dims as declared, the batch axis, ``dim.<name>`` where given, and
+    the guess (``dim=N``, else :data:`DEFAULT_DIM`) for the other symbolic dims (recorded in ``guessed``)."""
     shape: list[int] = []
     for axis, d in enumerate(spec.dims):
         if isinstance(d, int):
@@ -347,53 +439,200 @@ def _resolve_shape(spec: InputSpec, batch: int, dims: Mapping[str, int], notes: 
             shape.append(batch)
         else:
             key = d if isinstance(d, str) else f"{spec.name}.{axis}"
-            if key in dims:
-                shape.append(dims[key])
+            if key in params.dims:
+                shape.append(params.dims[key])
             else:
-                shape.append(DEFAULT_DIM)
-                note = f"dimension {key!r} set to {DEFAULT_DIM} (pass dim.{key}=N to choose)"
-                if note not in notes:
-                    notes.append(note)
+                shape.append(params.default_dim)
+                guessed[key] = params.default_dim
     return tuple(shape)
 
 
 # ---------------------------------------------------------------- generated inputs
 
+# Ops that carry integer indices through unchanged (between a graph input and the Gather that uses them).
+_INDEX_PASS_THROUGH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand"})
+
+
+@dataclass(frozen=True, slots=True)
+class ValueRule:
+    """How a generated input's values are drawn: ``fill`` (all ``value``), ``positions`` (0..S-1 along the
+    last axis), ``int`` (uniform in ``low``..``high``-1), ``normal`` (standard normal), ``bool`` (random)."""
+
+    kind: str
+    text: str  # the rule in words (printed, and recorded in metadata["guessed"])
+    value: float = 0.0
+    low: int = 0
+    high: int = INT_HIGH
+
+
+def guess_rule(spec: InputSpec, shape: tuple[int, ...], tables: Mapping[str, int]) -> ValueRule:
+    """The value rule for a generated input, from its name, dtype and the embedding table it indexes (rows,
+    from :func:`_gather_tables`). A guess: real inputs (``--inputs``) always win."""
+    name = spec.name.lower()
+    kind = spec.dtype.kind
+    if "mask" in name:
+        if "pad" in name:  # key_padding_mask and the like: 1 marks padding
+            return ValueRule("fill", "0 everywhere (a padding mask: nothing padded)", value=0)
+        return ValueRule("fill", "1 everywhere (a mask: every position attended, no padding)", value=1)
+    if kind in "iu":
+        if "token_type" in name or "segment" in name:
+            return ValueRule("fill", "0 everywhere (one segment)", value=0)
+        if "position" in name and shape:
+            return ValueRule("positions", f"0..{max(shape[-1] - 1, 0)} along the last axis (positions)")
+        rows = tables.get(spec.name)
+        if rows:
+            high = min(rows, int(np.iinfo(spec.dtype).max) + 1)
+            return ValueRule("int", f"random in 0..{high - 1} (the {rows} rows of the embedding table it indexes)",
+                             high=high)  # fmt: skip
+        return ValueRule(
+            "int", f"random in 0..{INT_HIGH - 1} (no embedding table found to bound them; real ids need --inputs)"
+        )
+    if kind == "f":
+        return ValueRule("normal", "standard normal")
+    return ValueRule("bool", "random true/false")
+
+
+def _gather_tables(path: Path) -> dict[str, int]:
+    """Graph input -> rows of the constant table a ``Gather`` indexes with it (through Cast/Unsqueeze/...):
+    the vocabulary of ``input_ids``. Empty when the onnx package is missing or the graph cannot be read."""
+    try:
+        import onnx
+    except ImportError:
+        return {}
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # ORT read it; the table sizes are only a better guess
+        return {}
+    rows = {i.name: int(i.dims[0]) for i in graph.initializer if len(i.dims) >= 1}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value" and n.attribute[0].t.dims:
+            rows[n.output[0]] = int(n.attribute[0].t.dims[0])
+    consumers: dict[str, list[Any]] = {}
+    for n in graph.node:
+        for x in n.input:
+            consumers.setdefault(x, []).append(n)
+    out: dict[str, int] = {}
+    for inp in graph.input:
+        if inp.name in rows:  # an initializer listed among the inputs (old exporters)
+            continue
+        seen, frontier, found = {inp.name}, [inp.name], []
+        while frontier:
+            t = frontier.pop()
+            for n in consumers.get(t, ()):
+                axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+                if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == t and n.input[0] in rows and axis == 0:
+                    found.append(rows[n.input[0]])
+                elif n.op_type in _INDEX_PASS_THROUGH and n.input and n.input[0] == t:
+                    frontier += [o for o in n.output if o not in seen]
+                    seen.update(n.output)
+        if found:
+            out[inp.name] = min(found)
+    return out
+
+
+def _generate_feed(
+    specs: Sequence[InputSpec],
+    shapes: Mapping[str, tuple[int, ...]],
+    rules: Mapping[str, ValueRule],
+    rng: np.random.Generator,
+) -> Feed:
+    return {s.name: _values(s.dtype, shapes[s.name], rules[s.name], rng) for s in specs}
+
 
 def _generate_pool(
     specs: Sequence[InputSpec],
     shapes: Mapping[str, tuple[int, ...]],
+    rules: Mapping[str, ValueRule],
     rng: np.random.Generator,
-    notes: list[str],
 ) -> list[Feed]:
     feed_bytes = sum(math.prod(shapes[s.name]) * s.dtype.itemsize for s in specs)
     size = max(1, min(POOL_SIZE, POOL_BYTES // max(1, feed_bytes)))
-    if any(s.dtype.kind in "iu" for s in specs):
-        notes.append(
-            f"integer inputs are random in 0..{INT_HIGH - 1}; token ids or indices may need real "
-            "values from an .npz (--inputs)"
-        )
-    return [{s.name: _random(s.dtype, shapes[s.name], rng) for s in specs} for _ in range(size)]
+    return [_generate_feed(specs, shapes, rules, rng) for _ in range(size)]
 
 
-def _random(dtype: np.dtype[Any], shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    if dtype.kind == "f":
+def _values(dtype: np.dtype[Any], shape: tuple[int, ...], rule: ValueRule, rng: np.random.Generator) -> np.ndarray:
+    if rule.kind == "fill":
+        return np.full(shape, rule.value, dtype=dtype)
+    if rule.kind == "positions":
+        return np.ascontiguousarray(np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape))
+    if rule.kind == "int":
+        return rng.integers(rule.low, rule.high, size=shape, dtype=dtype)
+    if rule.kind == "normal":
         return rng.standard_normal(shape, dtype=np.float64).astype(dtype)
-    if dtype.kind in "iu":
-        return rng.integers(0, INT_HIGH, size=shape, dtype=dtype)
     return rng.random(shape) < 0.5  # bool
+
+
+def _guess_hint(specs: Sequence[InputSpec], shapes: Mapping[str, tuple[int, ...]], guessed: Mapping[str, int]) -> str:
+    """What to do when the model rejects generated inputs: name the guessed dims and the two fixes."""
+    fed = ", ".join(f"{s.name} {list(shapes[s.name])}" for s in specs)
+    if guessed:
+        sizes = ", ".join(f"{k}={v}" for k, v in guessed.items())
+        flags = " ".join(f"--param dim.{k}=N" for k in guessed)
+        return (
+            f"the inputs were guessed ({fed}; guessed {sizes}): set the real sizes with {flags}, "
+            "or give real inputs with --inputs FILE.npz"
+        )
+    return f"the inputs were generated ({fed}): give real inputs with --inputs FILE.npz"
 
 
 # ---------------------------------------------------------------- npz inputs
 
 
-def _npz_source(
+@dataclass(frozen=True, slots=True)
+class NpzInputs:
+    """The .npz's arrays, checked against the model: per input its samples (axis 0) and rows per batch
+    (None for a scalar input, fed as it is)."""
+
+    label: str
+    arrays: tuple[tuple[str, np.ndarray, int | None], ...]
+    samples: int  # along axis 0 (0 when every input is a scalar)
+    fed: dict[str, tuple[int, ...]]
+
+    @property
+    def rows(self) -> int:
+        """Samples per batch (the batch size, or a fixed first axis)."""
+        return max((r for _, _, r in self.arrays if r), default=1)
+
+    def feed(self, i: int, subset: np.ndarray | None = None) -> Feed:
+        """Batch ``i`` of the samples ``subset`` (default all): samples ``i*B .. i*B+B-1`` of it, cycling."""
+        out: Feed = {}
+        for name, a, rows in self.arrays:
+            if rows is None:
+                out[name] = a
+                continue
+            pool = np.arange(a.shape[0]) if subset is None else np.asarray(subset)
+            pos = (i * rows + np.arange(rows)) % len(pool)
+            whole = subset is None and rows == a.shape[0] and pos[0] == 0
+            out[name] = a if whole else np.take(a, pool[pos], axis=0)
+        return out
+
+    def feeds(self, subset: Sequence[int] | np.ndarray) -> list[Feed]:
+        """Every sample of ``subset`` once, in batches (the last one completed from the subset's start)."""
+        idx = np.asarray(subset, dtype=np.int64)
+        return [self.feed(k, idx) for k in range(math.ceil(len(idx) / self.rows))] if len(idx) else []
+
+    def source(self) -> tuple[Callable[[int], Feed], int]:
+        """``source(i)`` over all samples, and the pool size (0 when batches are made on demand)."""
+        # Batches repeat with period n / gcd(n, rows); precompute them when few.
+        period = math.lcm(1, *(a.shape[0] // math.gcd(a.shape[0], r) for _, a, r in self.arrays if r))
+        feed_bytes = sum(a.nbytes // max(1, a.shape[0]) * (r or 1) for _, a, r in self.arrays)
+        if period <= POOL_SIZE and period * feed_bytes <= POOL_BYTES:
+            pool = [self.feed(i) for i in range(period)]
+
+            def source(i: int) -> Feed:
+                return pool[i % period]
+
+            return source, period
+        return self.feed, 0
+
+
+def _npz_inputs(
     inputs_path: str,
     specs: Sequence[InputSpec],
     batch: int,
     dims: Mapping[str, int],
     notes: list[str],
-) -> tuple[Callable[[int], Feed], int, dict[str, tuple[int, ...]]]:
+) -> NpzInputs:
     arrays = _load_npz(inputs_path, [s.name for s in specs])
     label = Path(inputs_path).name
     batch_names = _batch_names(specs)
@@ -438,30 +677,7 @@ def _npz_source(
     if len(set(counts.values())) > 1:
         listed = ", ".join(f"{k} {v}" for k, v in counts.items())
         raise LatencyLabError(f"{label}: arrays have different sample counts ({listed}); they must match")
-
-    def make(i: int) -> Feed:
-        feed: Feed = {}
-        for name, a, rows in per_input:
-            if rows is None:
-                feed[name] = a
-            else:
-                n = a.shape[0]
-                start = (i * rows) % n
-                idx = (start + np.arange(rows)) % n
-                feed[name] = a if rows == n and start == 0 else np.take(a, idx, axis=0)
-        return feed
-
-    # Batches repeat with period n / gcd(n, rows); precompute them when few.
-    period = math.lcm(1, *(a.shape[0] // math.gcd(a.shape[0], r) for _, a, r in per_input if r))
-    feed_bytes = sum(a.nbytes // max(1, a.shape[0]) * (r or 1) for _, a, r in per_input)
-    if period <= POOL_SIZE and period * feed_bytes <= POOL_BYTES:
-        pool = [make(i) for i in range(period)]
-
-        def source(i: int) -> Feed:
-            return pool[i % period]
-
-        return source, period, fed
-    return make, 0, fed
+    return NpzInputs(label, tuple(per_input), next(iter(counts.values()), 0), fed)
 
 
 def _load_npz(inputs_path: str, names: Sequence[str]) -> dict[str, np.ndarray]:

@@ -5,7 +5,9 @@
 * ``ort-fp32`` / ``ort-fp32-basic``: the FP32 export under ``ORT_ENABLE_ALL`` / ``ORT_ENABLE_BASIC`` (family
   ``graph``);
 * ``ort-fp32-fused``: the transformer optimizer's fused graph (Attention, SkipLayerNormalization, BiasGelu, ...),
-  transformers only (family ``fusion``); which fusions happened goes into ``runner.stats["fusions"]``;
+  transformer encoders only (family ``fusion``: the built-in text model, or any graph :func:`detect_encoder`
+  recognises, its hidden size and heads read from the graph); which fusions happened goes into
+  ``runner.stats["fusions"]``;
 * dynamic INT8 (``quantize_dynamic``, family ``int8-dynamic``): the defaults as ORT/optimum users get them (the
   peer recipe), per-channel, QUInt8 weights, ``reduce_range`` and the fused graph quantised;
 * static QDQ INT8 (``quantize_static``, family ``int8-static``) calibrated on ``adapter.calibration()`` only:
@@ -63,7 +65,7 @@ FALLBACK_KS = (2, 4, 8, 16)
 # Per-channel weights already fix most of the error the fallback repairs: a small K is enough there.
 PERCHANNEL_FALLBACK_KS = (2, 4)
 SENSITIVITY_FEEDS = 8
-# Known transformer shapes per adapter (the optimizer detects heads/hidden itself when given 0).
+# Known transformer shapes per adapter; other models' are read from the graph (detect_encoder).
 TRANSFORMERS: dict[str, dict[str, Any]] = {"text": {"model_type": "bert", "num_heads": 12, "hidden_size": 384}}
 _GRAPH_LEVELS = ("disabled", "basic", "extended", "all")
 
@@ -291,9 +293,100 @@ def _check_nodes(model_path: Path, nodes: Sequence[str]) -> None:
 
 
 def _transformer(ctx: BuildContext) -> dict[str, Any] | None:
-    """The optimizer config for this adapter's model, or None when it is not a (known) transformer."""
+    """The optimizer config for this adapter's model, or None when it is not a transformer encoder.
+
+    The built-in text model's shape is known; any other model's FP32 export is inspected
+    (:func:`detect_encoder`, once per run), so a user's BERT-style ONNX file gets the fusion candidates too.
+    """
     known = TRANSFORMERS.get(ctx.adapter.name)
-    return dict(known) if known is not None else None
+    if known is not None:
+        return dict(known)
+    if "ort-transformer" not in ctx.cache:
+        try:
+            ctx.cache["ort-transformer"] = detect_encoder(ctx.fp32_onnx())
+        except MissingDependencyError:
+            raise
+        except Exception:  # an export that fails is reported by the candidates that build it
+            ctx.cache["ort-transformer"] = None
+    got = ctx.cache["ort-transformer"]
+    return None if got is None else dict(got)
+
+
+def _constants(graph: Any) -> dict[str, np.ndarray]:
+    """Initializers and Constant outputs by name (int64 shape tensors resolve through these)."""
+    onnx = _onnx()
+    out = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer if i.data_type == onnx.TensorProto.INT64}
+    for n in graph.node:
+        if n.op_type != "Constant" or not n.attribute:
+            continue
+        a = n.attribute[0]
+        if a.name == "value" and a.t.data_type == onnx.TensorProto.INT64:
+            out[n.output[0]] = onnx.numpy_helper.to_array(a.t)
+        elif a.name in ("value_ints", "value_int"):
+            out[n.output[0]] = np.asarray(onnx.helper.get_attribute_value(a), dtype=np.int64)
+    return out
+
+
+def _shape_values(name: str, consts: Mapping[str, np.ndarray], producers: Mapping[str, Any]) -> list[int] | None:
+    """A Reshape's target shape with what is constant in it (-1 where it is computed at run time): a constant,
+    or a Concat of constants and run-time pieces (each an unsqueezed scalar), as torch's exporter writes
+    ``x.view(batch, seq, heads, head_dim)``."""
+    if name in consts:
+        return [int(v) for v in np.ravel(consts[name])]
+    node = producers.get(name)
+    if node is None or node.op_type != "Concat":
+        return None
+    out: list[int] = []
+    for x in node.input:
+        out += [int(v) for v in np.ravel(consts[x])] if x in consts else [-1]
+    return out
+
+
+def detect_encoder(model_path: Path) -> dict[str, Any] | None:
+    """The transformer optimizer's config for a BERT-style encoder graph, or None for another graph.
+
+    An encoder: Softmax (attention), at least two layer norms (LayerNormalization ops, or their decomposed
+    ReduceMean form) and at least four MatMuls. ``hidden_size`` is the most common layer-norm width (the
+    scale's length; else the most common square MatMul weight); ``num_heads`` comes from the attention's
+    4-D Reshape ``[batch, seq, heads, head_dim]``: heads where it is constant, else ``hidden / head_dim``.
+    A size that cannot be read is 0, which tells the optimizer to detect it itself.
+    """
+    from collections import Counter
+
+    onnx = _onnx()
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    ops = Counter(n.op_type for n in graph.node)
+    layer_norms = ops["LayerNormalization"] + ops["SimplifiedLayerNormalization"] + ops["ReduceMean"] // 2
+    if not ops["Softmax"] or layer_norms < 2 or ops["MatMul"] < 4:
+        return None
+    dims = {i.name: tuple(int(d) for d in i.dims) for i in graph.initializer}
+    widths = Counter(
+        dims[n.input[1]][0]
+        for n in graph.node
+        if n.op_type == "LayerNormalization" and len(n.input) > 1 and len(dims.get(n.input[1], ())) == 1
+    )
+    if not widths:
+        widths = Counter(
+            dims[n.input[1]][0]
+            for n in graph.node
+            if n.op_type == "MatMul" and len(n.input) > 1 and len(set(dims.get(n.input[1], (0, 1)))) == 1
+        )
+    hidden = widths.most_common(1)[0][0] if widths else 0
+    consts = _constants(graph)
+    producers = {o: n for n in graph.node for o in n.output}
+    heads: Counter[int] = Counter()
+    for n in graph.node:
+        if n.op_type != "Reshape" or len(n.input) < 2:
+            continue
+        shape = _shape_values(n.input[1], consts, producers)
+        if not shape or len(shape) != 4 or shape[3] <= 0 or not hidden:
+            continue
+        h, d = shape[2], shape[3]
+        if h > 0 and h * d == hidden:
+            heads[h] += 1
+        elif h <= 0 and d < hidden and hidden % d == 0:
+            heads[hidden // d] += 1
+    return {"model_type": "bert", "num_heads": heads.most_common(1)[0][0] if heads else 0, "hidden_size": hidden}
 
 
 # ------------------------------------------------------------------ sources: FP32 and fused
@@ -343,7 +436,7 @@ def _source(ctx: BuildContext, params: Mapping[str, Any]) -> tuple[Path, dict[st
         if fusion is None:
             raise LatencyLabError(f"{NOT_A_TRANSFORMER}: no fusion config for adapter {ctx.adapter.name!r}")
         path, fusions = _fused(ctx, fusion)
-        return path, {"fusions": fusions}
+        return path, {"fusions": fusions, "fusion": dict(fusion)}
     raise LatencyLabError(f"unknown source {source!r} (fp32 | fused)")
 
 
@@ -822,8 +915,12 @@ def _recipe(quantization: Mapping[str, Any] | None = None, source: str = "fp32",
 
 
 def candidates(ctx: BuildContext) -> list[Candidate]:
-    """The ONNX Runtime grid (cheap to list: nothing is exported or quantised until built)."""
-    fusion = _transformer(ctx)
+    """The ONNX Runtime grid (cheap to list: nothing is exported or quantised until built).
+
+    The fused candidates carry the built-in text model's known shape in their params; for another model
+    the shape is read from its graph when they are built (:func:`detect_encoder`; in ``stats["fusion"]``).
+    """
+    fusion = TRANSFORMERS.get(ctx.adapter.name)
     fused: dict[str, Any] = {"source": "fused", "fusion": fusion}
     specs: list[tuple[str, str, dict[str, Any], str]] = [
         ("ort-fp32", "graph", _recipe(), "FP32, ORT_ENABLE_ALL graph optimisations"),
@@ -985,6 +1082,7 @@ __all__ = [
     "build_runner",
     "candidate_from_params",
     "candidates",
+    "detect_encoder",
     "ema_sigma_ranges",
     "first_last_compute",
     "output_error",
