@@ -214,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument(
         "--workload", choices=["text", "vision", "synthetic", "compiled"], help="profile this workload first"
     )
+    dg.add_argument("--pipeline", metavar="MOD:FACTORY", help="profile your pipeline first (a factory returning one)")
     dg.add_argument("--deep", action="store_true", help="sandwich: slowest stage -> system metrics -> operators")
     dg.add_argument("--roofline", action="store_true", help="place the forward pass on this machine's roofline")
     dg.add_argument("--json", metavar="PATH", help="write the findings as JSON")

@@ -339,7 +339,12 @@ def lint(fp: dict[str, Any]) -> list[EnvWarning]:
         out.append(EnvWarning("governor", msg, "sudo cpupower frequency-set -g performance"))
     logical = _int(_get(fp, "cpu.logical_cpus")) or 1
     load1, busy = _get(fp, "load.loadavg_1"), _get(fp, "load.cpu_percent")
-    if (load1 is not None and load1 > 0.5 * logical) or (busy is not None and busy > 30):
+    from latencylab.autoprobe import busy_verdict  # a profile result: judged by what the run measured
+
+    if (measured := busy_verdict(fp)) is not None:
+        if measured[0]:
+            out.append(EnvWarning("busy", measured[1], "stop other jobs, or measure on an idle machine"))
+    elif (load1 is not None and load1 > 0.5 * logical) or (busy is not None and busy > 30):
         msg = f"machine is busy: 1-min load average {load1} on {logical} CPUs, CPU utilisation {busy}%"
         out.append(EnvWarning("busy", msg, "stop other jobs, or measure on an idle machine"))
     if over := _oversubscribed(fp):
@@ -351,6 +356,10 @@ def lint(fp: dict[str, Any]) -> list[EnvWarning]:
     if turbo or (lo is not None and hi is not None and lo != hi):
         msg = f"frequency scaling is active (turbo {turbo}, {lo}-{hi} MHz): clock varies with heat and load"
         out.append(EnvWarning("turbo", msg, "disable boost/turbo and pin min = max frequency"))
+    steal = _get(fp, "canary.steal_fraction")
+    if isinstance(steal, (int, float)) and steal > 0.05:  # canary.STEAL_WARN
+        msg = f"the hypervisor took {steal:.0%} of the CPU time while this was measured (steal time)"
+        out.append(EnvWarning("steal", msg, "measure on a dedicated host or a quieter time; compare interleaved"))
     out += [EnvWarning(code, msg, hint) for code, path, msg, hint in _FLAG_CHECKS if _get(fp, path) is True]
     return out
 
@@ -377,6 +386,7 @@ _IMPACT: dict[str, Impact | None] = {
     **dict.fromkeys(("memory.total_bytes", "os", "python"), "low"),
     **dict.fromkeys(("cpu.frequency.cur_mhz", "python.executable"), None),
     **dict.fromkeys(("gpu.nvml.devices.*.sm_clock_mhz", "gpu.nvml.devices.*.mem_clock_mhz"), None),
+    "canary": None,  # readings are volatile field by field; diff() compares the canary as a whole instead
 }
 
 
@@ -416,8 +426,26 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> list[EnvDifference]:
             continue  # read on one side only: unknown, not different
         if va != vb and (impact := _impact(path, va, vb)) is not None:
             out.append(EnvDifference(path, va, vb, impact))
+    if (speed := canary_difference(a, b)) is not None:
+        out.append(speed)
     order = {"high": 0, "medium": 1, "low": 2}
     return sorted(out, key=lambda d: (order[d.impact], d.path))
+
+
+def canary_difference(a: dict[str, Any], b: dict[str, Any]) -> EnvDifference | None:
+    """The machine-speed canary of two fingerprints (``canary`` section, written by the profiler), as one
+    difference: high impact when the CPU kernel moved more than ``canary.THRESHOLD``, low otherwise."""
+    from latencylab.canary import compare_canaries
+
+    d = compare_canaries(a.get("canary"), b.get("canary"))
+    if d is None:
+        return None
+    how = f"{abs(d.slower):.0%} {'slower' if d.slower > 0 else 'faster'}"
+    text_b = f"{d.candidate_ns / 1e6:.3f} ms ({how}"
+    if d.mem_slower is not None:
+        text_b += f"; memory {abs(d.mem_slower):.0%} {'slower' if d.mem_slower > 0 else 'faster'}"
+    impact: Impact = "high" if d.moved else "low"
+    return EnvDifference("canary.cpu_ns (machine speed)", f"{d.baseline_ns / 1e6:.3f} ms", text_b + ")", impact)
 
 
 # ------------------------------------------------------------------------------------------ load / render
@@ -480,6 +508,11 @@ def render_fingerprint(fp: dict[str, Any], console: Console) -> None:
         "threads": threads,
         "gpu": ", ".join(_fmt(d.get("name")) for d in gpus) or "none",
     }
+    if isinstance(canary := _get(fp, "canary"), dict) and canary.get("cpu_ns"):
+        rows["canary"] = (
+            f"CPU kernel {canary['cpu_ns'] / 1e6:.3f} ms, memory {_fmt(canary.get('mem_gbps'))} GB/s, "
+            f"drift {_fmt(canary.get('drift'))}, steal {_fmt(canary.get('steal_fraction'))}"
+        )
     _print_table(console, "environment", ("", ""), [[f"[bold]{k}[/]", v] for k, v in rows.items()])
 
 

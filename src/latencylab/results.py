@@ -7,6 +7,7 @@ the environment fingerprint it was measured in and ``schema_version``.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -64,6 +65,12 @@ class ProfileResult:
     pipeline reports through ``Pipeline.probe``: key -> one JSON value per
     iteration (e.g. "shape" -> [[1, 23], [1, 9], ...], "compiles" -> [0, 1, ...]).
     Empty when the pipeline has no probe; files without it read as empty.
+
+    ``runs`` (optional) describes each run of a multi-run profile (``profile
+    --runs N``): ``run``, ``n``, ``start_s``, ``wall_time_s``, ``stop_reason``,
+    ``position`` (its place in an interleaved round); ``iteration_run[i]`` is
+    the run iteration i belongs to. Both are empty for a single run (and in
+    files written before runs existed): every iteration is in run 0.
     """
 
     workload: str
@@ -80,6 +87,8 @@ class ProfileResult:
     schema_version: int = SCHEMA_VERSION
     kind: str = "profile"
     iteration_meta: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    iteration_run: tuple[int, ...] = ()
+    runs: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -89,6 +98,30 @@ class ProfileResult:
             raise LatencyLabError("every stage must have one sample per iteration")
         if any(len(v) != n for v in self.iteration_meta.values()):
             raise LatencyLabError("every iteration_meta column must have one value per iteration")
+        if self.iteration_run:
+            if len(self.iteration_run) != n:
+                raise LatencyLabError("iteration_run must have one run index per iteration")
+            if list(self.iteration_run) != sorted(self.iteration_run) or self.iteration_run[0] != 0:
+                raise LatencyLabError("iteration_run must count runs up from 0 in iteration order")
+            if self.runs and len(self.runs) != self.iteration_run[-1] + 1:
+                raise LatencyLabError("runs must describe every run in iteration_run")
+
+    @property
+    def n_runs(self) -> int:
+        return self.iteration_run[-1] + 1 if self.iteration_run else 1
+
+    def run_index(self) -> npt.NDArray[np.int64]:
+        """The run of every iteration (all 0 for a single run)."""
+        if not self.iteration_run:
+            return np.zeros(self.n, dtype=np.int64)
+        return np.asarray(self.iteration_run, dtype=np.int64)
+
+    def run_slices(self) -> list[slice]:
+        """Iteration ranges of each run, in run order (runs are contiguous)."""
+        idx = self.run_index()
+        edges = np.flatnonzero(np.diff(idx)) + 1
+        bounds = [0, *edges.tolist(), self.n]
+        return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
     @property
     def n(self) -> int:
@@ -133,6 +166,10 @@ class ProfileResult:
         )
         if self.iteration_meta:
             d["iteration_meta"] = {k: list(v) for k, v in self.iteration_meta.items()}
+        if self.iteration_run:
+            d["iteration_run"] = list(self.iteration_run)
+        if self.runs:
+            d["runs"] = [dict(r) for r in self.runs]
         return d
 
     @classmethod
@@ -160,6 +197,8 @@ class ProfileResult:
                 created_at=str(d["created_at"]),
                 schema_version=int(version),
                 iteration_meta={str(k): tuple(v) for k, v in (d.get("iteration_meta") or {}).items()},
+                iteration_run=tuple(int(v) for v in d.get("iteration_run") or ()),
+                runs=tuple(dict(r) for r in d.get("runs") or ()),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise LatencyLabError(f"malformed profile result: {exc!r}") from exc

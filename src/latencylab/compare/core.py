@@ -1,5 +1,22 @@
 """The comparison model: two result files in, one frozen :class:`Comparison` out.
 
+The run is the unit of variation (issue 23): two runs of an unchanged program differ whenever the
+host's speed moves between them, and no statistic over one run's iterations can see that. So the
+comparison has a *level*:
+
+* ``paired``: both results come from one interleaved session (``compare --run A B``, or
+  ``profiler.profile_interleaved``): each metric is taken per run and tested on the per-round paired
+  log-ratios (``compare.stats.run_delta(paired=True)``); the machine's drift hits both sides of a round.
+* ``run``: at least one side holds several runs (``profile --runs N``): each metric is taken per run and
+  the spread between runs sets the noise floor (Welch's t on the per-run logs).
+* ``iteration``: one run a side. The samples are still compared (bootstrap, Mann-Whitney, below), but
+  that is evidence about two runs, not about two programs: a gate that this evidence alone would fire is
+  *undecided* and does not fail the build unless ``strict``.
+
+Whatever the level, when the machine-speed canary of the two results (``env.canary``) moved by more than
+``canary.THRESHOLD``, a gate that would fire is undecided too ("the machine was N% slower in B's run"):
+the change cannot be told from the machine's.
+
 A comparison holds, for every latency *series* the two results share (a
 profile's end-to-end latency and each stage; a load result's corrected and
 uncorrected latency), the change of p50, p90, p99, p99.9, mean and max with a
@@ -23,11 +40,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from latencylab.canary import CanaryDelta, compare_canaries
 from latencylab.compare import stats as cstats
 from latencylab.errors import LatencyLabError
 
 NOISE = 0.01
-COMPARE_VERSION = 1
+COMPARE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+LEVELS = ("iteration", "run", "paired")
+ONE_RUN = (
+    "one run a side: the within-run statistics cannot separate a change from the machine's drift between "
+    "the runs (measure with profile --runs N, or compare --run A B interleaved)"
+)
 
 # Gate / table metric ids -> compare.stats statistic.
 LATENCY_METRICS: dict[str, float | str] = {
@@ -92,10 +119,15 @@ class SeriesDelta:
     n_baseline: int
     n_candidate: int
     metrics: tuple[MetricDelta, ...]
-    rank: cstats.RankTest
+    rank: cstats.RankTest | None  # None at the run and paired levels (an iteration-level test across runs)
     warnings: tuple[str, ...] = ()
     block_baseline: int = 1  # bootstrap block length (1: samples resampled independently)
     block_candidate: int = 1
+    level: str = "iteration"
+    runs_baseline: int = 1
+    runs_candidate: int = 1
+    spread_baseline: float | None = None  # sd of the per-run log p50 (0.03: runs differ by ~3%)
+    spread_candidate: float | None = None
 
     def metric(self, name: str) -> MetricDelta:
         for m in self.metrics:
@@ -197,6 +229,8 @@ class GateResult:
     beyond: bool  # the point estimate is beyond the threshold
     significant: bool  # significant at alpha in the gate's direction
     delta: MetricDelta
+    undecided: bool = False  # beyond and significant, but the evidence cannot be trusted (``why``)
+    why: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +252,9 @@ class Comparison:
     notes: tuple[str, ...] = ()
     version: int = COMPARE_VERSION
     kind: str = "compare"
+    level: str = "iteration"
+    strict: bool = False
+    canary: CanaryDelta | None = None
 
     @property
     def confidence(self) -> float:
@@ -226,6 +263,10 @@ class Comparison:
     @property
     def failed(self) -> tuple[GateResult, ...]:
         return tuple(g for g in self.gates if g.fired)
+
+    @property
+    def undecided(self) -> tuple[GateResult, ...]:
+        return tuple(g for g in self.gates if g.undecided)
 
     @property
     def exit_code(self) -> int:
@@ -242,7 +283,7 @@ class Comparison:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Comparison:
-        if d.get("kind") != "compare" or d.get("version") != COMPARE_VERSION:
+        if d.get("kind") != "compare" or d.get("version") not in READABLE_VERSIONS:
             raise LatencyLabError("not a latencylab comparison of this version")
 
         def delta(x: Mapping[str, Any]) -> MetricDelta:
@@ -263,10 +304,15 @@ class Comparison:
                         s["n_baseline"],
                         s["n_candidate"],
                         tuple(delta(m) for m in s["metrics"]),
-                        cstats.RankTest(**s["rank"]),
+                        cstats.RankTest(**s["rank"]) if s["rank"] is not None else None,
                         tuple(s["warnings"]),
                         s["block_baseline"],
                         s["block_candidate"],
+                        s.get("level", "iteration"),
+                        s.get("runs_baseline", 1),
+                        s.get("runs_candidate", 1),
+                        s.get("spread_baseline"),
+                        s.get("spread_candidate"),
                     )
                     for s in d["series"]
                 ),
@@ -275,11 +321,21 @@ class Comparison:
                 config=tuple(Difference(**x) for x in d["config"]),
                 gates=tuple(
                     GateResult(
-                        Gate(**g["gate"]), g["series"], g["fired"], g["beyond"], g["significant"], delta(g["delta"])
+                        Gate(**g["gate"]),
+                        g["series"],
+                        g["fired"],
+                        g["beyond"],
+                        g["significant"],
+                        delta(g["delta"]),
+                        g.get("undecided", False),
+                        g.get("why", ""),
                     )
                     for g in d["gates"]
                 ),
                 notes=tuple(d["notes"]),
+                level=d.get("level", "iteration"),
+                strict=d.get("strict", False),
+                canary=CanaryDelta(**d["canary"]) if d.get("canary") else None,
             )
         except (KeyError, TypeError) as exc:
             raise LatencyLabError(f"malformed comparison: {exc}") from exc
@@ -358,6 +414,64 @@ def compare_series(
     return SeriesDelta(name, baseline.n, candidate.n, tuple(metrics), rank, tuple(warnings), *blocks)
 
 
+def compare_runs_series(
+    name: str,
+    baseline: Sequence[npt.ArrayLike],
+    candidate: Sequence[npt.ArrayLike],
+    alpha: float = 0.05,
+    noise: float = NOISE,
+    paired: bool = False,
+) -> SeriesDelta:
+    """Every latency metric of one series from per-run samples: the run is the unit (``stats.run_delta``).
+
+    ``baseline`` and ``candidate`` hold one sample array (ns) per run; at least one side needs two runs.
+    A quantile is ``enough`` when every run has ``TAIL_SAMPLES`` samples beyond it (each run's own value
+    of it must be an estimate, not an extreme). The absolute CI is the baseline times the relative one.
+    """
+    metrics = []
+    warnings = []
+    n_min = min(int(np.asarray(x).size) for x in (*baseline, *candidate))
+    spread: tuple[float | None, float | None] = (None, None)
+    for mid, q in LATENCY_METRICS.items():
+        rd = cstats.run_delta(cstats.per_run(baseline, q), cstats.per_run(candidate, q), alpha, paired)
+        if rd is None:
+            raise LatencyLabError(f"{name}: a run-level comparison needs two runs on one side at least")
+        if mid == "p50":
+            spread = (rd.spread_baseline, rd.spread_candidate)
+        enough = True
+        if isinstance(q, float):
+            tail = math.floor(n_min * (1.0 - q))
+            enough = tail >= TAIL_SAMPLES
+            if not enough and mid in ("p50", "p90", "p99"):
+                need = math.ceil(TAIL_SAMPLES / (1.0 - q))
+                warnings.append(
+                    f"{name}: {label(mid)} rests on {tail} tail samples in the shortest run (want {need} per run)"
+                )
+        sig = rd.significant
+        metrics.append(
+            MetricDelta(
+                mid, "ns", rd.baseline, rd.candidate, rd.baseline * rd.rel_ci_low, rd.baseline * rd.rel_ci_high,
+                rd.rel_ci_low, rd.rel_ci_high, rd.p_value, rd.method, sig,
+                _flag(sig and enough, rd.baseline, rd.candidate, noise), enough,
+            )
+        )  # fmt: skip
+    level = "paired" if paired else "run"
+    return SeriesDelta(
+        name,
+        sum(int(np.asarray(x).size) for x in baseline),
+        sum(int(np.asarray(x).size) for x in candidate),
+        tuple(metrics),
+        None,
+        tuple(warnings),
+        1,
+        1,
+        level,
+        len(baseline),
+        len(candidate),
+        *spread,
+    )
+
+
 def _flag(significant: bool, a: float, b: float, noise: float) -> bool:
     if not significant:
         return False
@@ -406,8 +520,12 @@ def compare_rates(
     return tuple(out)
 
 
-def evaluate_gate(gate: Gate, series: str, delta: MetricDelta) -> GateResult:
-    """Fire when the change is beyond the threshold and significant in the gate's direction."""
+def evaluate_gate(gate: Gate, series: str, delta: MetricDelta, refuse: str = "", strict: bool = False) -> GateResult:
+    """Fire when the change is beyond the threshold and significant in the gate's direction.
+
+    ``refuse`` (why the evidence cannot be trusted: one run a side, the canary moved) makes such a gate
+    *undecided* instead: it does not fire unless ``strict``.
+    """
     change = delta.rel if gate.relative else delta.diff
     if change is None:
         change = 0.0
@@ -419,7 +537,12 @@ def evaluate_gate(gate: Gate, series: str, delta: MetricDelta) -> GateResult:
     else:
         beyond = change < gate.threshold
         significant = decidable and delta.diff < 0
-    return GateResult(gate, series, beyond and significant, beyond, significant, delta)
+    fires = beyond and significant
+    undecided = fires and bool(refuse)
+    return GateResult(
+        gate, series, fires and (strict or not undecided), beyond, significant, delta, undecided,
+        refuse if undecided else "",
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ results in
@@ -444,17 +567,26 @@ class _Side:
     seconds: float | None
     env: Mapping[str, Any]
     config: Mapping[str, Any]
+    runs: Mapping[str, list[npt.NDArray[np.int64]]] | None = None  # series -> one sample array per run
+    session: str | None = None  # the interleaved session the result was measured in
+
+    @property
+    def n_runs(self) -> int:
+        return len(next(iter(self.runs.values()))) if self.runs else 1
 
 
 def _profile_side(doc: Mapping[str, Any]) -> _Side:
     from latencylab.results import ProfileResult
 
     r = ProfileResult.from_dict(doc)
-    series = {"end-to-end": cstats.Binned.from_samples(r.end_to_end_ns(), ordered=True)}
-    for s in r.stages:
-        series[s.name] = cstats.Binned.from_samples(s.array(), ordered=True)
+    arrays = {"end-to-end": r.end_to_end_ns(), **{s.name: s.array() for s in r.stages}}
+    series = {k: cstats.Binned.from_samples(v, ordered=True) for k, v in arrays.items()}
+    slices = r.run_slices()
+    runs = {k: [v[sl] for sl in slices] for k, v in arrays.items()}
     config = {"workload": r.workload, "config": dict(r.config), "pipeline": dict(r.pipeline)}
-    return _Side(series, None, None, None, r.env, config)
+    inter = r.config.get("interleaved")
+    session = str(inter["session"]) if isinstance(inter, Mapping) and "session" in inter else None
+    return _Side(series, None, None, None, r.env, config, runs, session)
 
 
 LOAD_SERIES = {"latency": "corrected_ok", "uncorrected": "uncorrected_ok"}
@@ -546,8 +678,12 @@ def compare_docs(
     n_boot: int = cstats.DEFAULT_BOOT,
     seed: int = 0,
     names: tuple[str, str] = ("baseline", "candidate"),
+    strict: bool = False,
 ) -> Comparison:
-    """Compare two parsed result documents of the same kind (see the module docstring)."""
+    """Compare two parsed result documents of the same kind (see the module docstring).
+
+    ``strict``: an undecided gate (one run a side, or the canary moved) fires when its evidence says so.
+    """
     if not 0 < alpha < 1:
         raise LatencyLabError(f"alpha must be in (0, 1), got {alpha}")
     ka, kb = _check_kind(baseline, names[0]), _check_kind(candidate, names[1])
@@ -566,9 +702,40 @@ def compare_docs(
             raise LatencyLabError(f"gate {g.text!r}: {g.metric} exists for load results only")
         if g.series is not None and g.series not in common:
             raise LatencyLabError(f"gate {g.text!r}: no series {g.series!r} in both results ({', '.join(common)})")
-    series = tuple(
-        compare_series(n, a.series[n], b.series[n], alpha, noise, n_boot, seed + i) for i, n in enumerate(common)
-    )
+    level = "iteration"
+    if max(a.n_runs, b.n_runs) >= 2:
+        paired = a.session is not None and a.session == b.session and a.n_runs == b.n_runs
+        level = "paired" if paired else "run"
+    if level == "iteration":
+        series = tuple(
+            compare_series(n, a.series[n], b.series[n], alpha, noise, n_boot, seed + i) for i, n in enumerate(common)
+        )
+    else:
+        assert a.runs is not None and b.runs is not None
+        series = tuple(compare_runs_series(n, a.runs[n], b.runs[n], alpha, noise, level == "paired") for n in common)
+    canary = compare_canaries(a.env.get("canary"), b.env.get("canary"))
+    refuse = [ONE_RUN] if level == "iteration" else []
+    if canary is not None and level != "paired":
+        notes.append("canary: " + canary.describe(names) + (
+            f": more than the {canary.threshold:.0%} threshold, so no gate can be decided on these results"
+            if canary.moved else f", within the {canary.threshold:.0%} threshold"
+        ))  # fmt: skip
+        if canary.moved:
+            refuse.append(canary.describe(names))
+    for who, side in zip(names, (a, b), strict=True):
+        if level == "paired":
+            who = f"{names[0]} and {names[1]} were"  # one session, one canary
+        else:
+            who += " was"
+        c = side.env.get("canary")
+        drift = c.get("drift") if isinstance(c, Mapping) else None
+        if isinstance(drift, (int, float)) and drift > (canary.threshold if canary else 0.10):
+            notes.append(f"the machine's speed moved {drift:.0%} while {who} measured (canary readings)")
+        steal = c.get("steal_fraction") if isinstance(c, Mapping) else None
+        if isinstance(steal, (int, float)) and steal > 0.05:
+            notes.append(f"the hypervisor took {steal:.0%} of the CPU time while {who} measured (steal)")
+        if level == "paired":
+            break  # one session, one canary
     rates: tuple[MetricDelta, ...] = ()
     if ka == "load" and a.sent is not None and b.sent is not None:
         assert a.ok is not None and b.ok is not None and a.seconds is not None and b.seconds is not None
@@ -576,14 +743,15 @@ def compare_docs(
     results = []
     for g in gates:
         name = g.series or default
+        why = "; and ".join(refuse)
         if g.metric in RATE_METRICS:
             found = [r for r in rates if r.metric == g.metric]
             if not found:
                 raise LatencyLabError(f"gate {g.text!r}: the results do not record {g.metric}")
-            results.append(evaluate_gate(g, "run", found[0]))
+            results.append(evaluate_gate(g, "run", found[0], why, strict))
         else:
             s = next(s for s in series if s.name == name)
-            results.append(evaluate_gate(g, name, s.metric(g.metric)))
+            results.append(evaluate_gate(g, name, s.metric(g.metric), why, strict))
     return Comparison(
         result_kind=str(ka),
         baseline=names[0],
@@ -598,6 +766,9 @@ def compare_docs(
         config=config_differences(a.config, b.config),
         gates=tuple(results),
         notes=tuple(notes),
+        level=level,
+        strict=strict,
+        canary=canary,
     )
 
 
@@ -609,6 +780,7 @@ def compare_files(
     noise: float = NOISE,
     n_boot: int = cstats.DEFAULT_BOOT,
     seed: int = 0,
+    strict: bool = False,
 ) -> Comparison:
     """``latencylab compare`` as a function: gates are parsed first, so a bad one fails before any work."""
     parsed = [Gate.parse(g) for g in gates]
@@ -621,4 +793,5 @@ def compare_files(
         n_boot,
         seed,
         names=(str(baseline), str(candidate)),
+        strict=strict,
     )

@@ -8,11 +8,14 @@ from typing import TYPE_CHECKING
 
 from latencylab.compare.core import (
     Comparison,
+    Gate,
     GateResult,
     MetricDelta,
+    compare_docs,
     compare_files,
     label,
 )
+from latencylab.errors import LatencyLabError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -103,8 +106,13 @@ def gate_line(g: GateResult, confidence: float) -> str:
         f"{where} {_value(d.baseline, d.unit)} -> {_value(d.candidate, d.unit)}, "
         f"{_change(d.diff, d.unit)} ({_pct(d.rel)}), {confidence:.0%} CI {_ci(d)}, p{_p_eq(d.p_value)}"
     )
+    if g.fired and g.undecided:
+        return f"FAIL {g.gate.text} (--strict): {figures}\n    undecided without --strict: {g.why}"
     if g.fired:
         return f"FAIL {g.gate.text}: {figures}"
+    if g.undecided:
+        beyond = g.gate.describe_threshold()
+        return f"undecided {g.gate.text}: beyond {beyond} and significant: {figures}\n    but {g.why}"
     if g.beyond and d.significant and not d.enough:
         return f"pass {g.gate.text}: undecided, {label(d.metric)} rests on too few tail samples: {figures}"
     if g.beyond:
@@ -123,12 +131,25 @@ def render(c: Comparison, console: Console) -> None:
     from rich.table import Table
 
     conf = f"{c.confidence:.0%}"
+    if c.level == "iteration":
+        how = f"{conf} CI of the change by percentile bootstrap over iterations (B={c.n_boot}); rank: Mann-Whitney U"
+    else:
+        how = (
+            "each metric taken per run; baseline and candidate = geometric means over runs; "
+            f"{conf} CI of the change by "
+            + (
+                "a paired t test on the per-round log ratios (A and B interleaved)"
+                if c.level == "paired"
+                else "Welch's t on the per-run logs (the spread between runs is the noise floor)"
+            )
+        )
     table = Table(
-        title=f"latencylab compare ({c.result_kind}): {escape(c.baseline)} -> {escape(c.candidate)}",
+        title=f"latencylab compare ({c.result_kind}, {c.level} level): {escape(c.baseline)} -> {escape(c.candidate)}",
         caption=(
-            f"change = candidate - baseline; {conf} CI of the change by percentile bootstrap (B={c.n_boot}); "
-            f"flagged when the CI excludes 0 and |change| >= {c.noise:.0%}; rank: Mann-Whitney U; "
+            f"change = candidate - baseline; {how}; "
+            f"flagged when the CI excludes 0 and |change| >= {c.noise:.0%}; "
             "* = fewer than 10 samples beyond the percentile"
+            + (" (in the shortest run)" if c.level != "iteration" else "")
             + ("; run: Poisson (throughput) and Fisher (error rate) tests" if c.rates else "")
         ),
     )
@@ -149,10 +170,19 @@ def render(c: Comparison, console: Console) -> None:
         for m in s.metrics:
             if m.metric not in SHOWN:
                 continue
-            name = f"{escape(s.name)} (n {s.n_baseline}/{s.n_candidate})" if first else ""
+            name = ""
+            if first:
+                name = f"{escape(s.name)} (n {s.n_baseline}/{s.n_candidate}"
+                if s.level != "iteration":
+                    name += f", runs {s.runs_baseline}/{s.runs_candidate}, run-to-run {_spread(s.spread_baseline)}"
+                    name += f"/{_spread(s.spread_candidate)}"
+                name += ")"
             table.add_row(name, *_row_cells(m, c.n_boot), verdict(m, c.noise), style=_style(m))
             first = False
         r = s.rank
+        if r is None:
+            table.add_section()
+            continue
         table.add_row(
             "",
             "rank",
@@ -194,6 +224,7 @@ def render(c: Comparison, console: Console) -> None:
             console.print(f"  {escape(d.path)}: {escape(_short(d.baseline))} -> {escape(_short(d.candidate))}")
         if len(c.config) > _MAX_CONFIG_LINES:
             console.print(f"  ... and {len(c.config) - _MAX_CONFIG_LINES} more (see --json)")
+    console.print("level: " + LEVEL_LINES[c.level])
     if c.gates:
         console.print(f"gates (fire when beyond the threshold and significant at alpha={c.alpha:g}):")
         for g in c.gates:
@@ -205,13 +236,68 @@ def render(c: Comparison, console: Console) -> None:
         console.print(f"note: {escape(n)}")
 
 
+LEVEL_LINES = {
+    "iteration": (
+        "one run a side. The figures above compare two runs' iterations; they cannot tell a change of the "
+        "program from a change of the machine between the runs, so a gate they would fire is undecided "
+        "(exit 0; --strict fails it). Measure with profile --runs N, or compare --run A B (interleaved)."
+    ),
+    "run": "the run is the unit: a change must exceed the spread between runs to be significant.",
+    "paired": "A and B ran interleaved in randomised blocks; each round's B/A ratio is one paired observation.",
+}
+
+
+def _spread(s: float | None) -> str:
+    return "-" if s is None else f"±{s * 100:.1f}%"
+
+
 def run_compare_command(args: argparse.Namespace, console: Console) -> int:
-    """CLI entry point: 0 when no gate fired, 1 when one did (usage errors raise LatencyLabError: exit 2)."""
-    comparison = compare_files(args.baseline, args.candidate, gates=list(args.fail_if or ()), alpha=args.alpha)
+    """CLI entry point: 0 when no gate fired, 1 when one did (usage errors raise LatencyLabError: exit 2).
+
+    Two files, or ``--run A B``: measure the two specs interleaved first (``compare.interleave``).
+    """
+    gates = list(args.fail_if or ())
+    strict = bool(getattr(args, "strict", False))
+    run = getattr(args, "run", None)
+    if run:
+        if args.baseline or args.candidate:
+            raise LatencyLabError("give either two result files or --run A B, not both")
+        comparison = _run_and_compare(args, run, gates, strict, console)
+    else:
+        if not args.baseline or not args.candidate:
+            raise LatencyLabError("give two result files (BASELINE.json CANDIDATE.json) or --run A B")
+        comparison = compare_files(args.baseline, args.candidate, gates=gates, alpha=args.alpha, strict=strict)
     render(comparison, console)
     if args.json:
         console.print(f"wrote {comparison.save(args.json)}")
     if comparison.failed:
         fired = ", ".join(g.gate.text for g in comparison.failed)
         console.print(f"compare: {len(comparison.failed)} gate(s) fired: {fired}", style="bold red")
+    elif comparison.undecided:
+        names = ", ".join(g.gate.text for g in comparison.undecided)
+        console.print(f"compare: {len(comparison.undecided)} gate(s) undecided, not failed: {names}", style="yellow")
     return comparison.exit_code
+
+
+def _run_and_compare(
+    args: argparse.Namespace, specs: list[str], gates: list[str], strict: bool, console: Console
+) -> Comparison:
+    from pathlib import Path
+
+    from latencylab.compare.interleave import run_interleaved
+
+    parsed = [Gate.parse(g) for g in gates]  # a bad gate fails before minutes of measuring
+    rounds, iterations = args.rounds, args.iterations
+    console.print(
+        f"measuring A and B interleaved: {rounds} rounds x (A, B in random order) x "
+        f"({args.warmup} warm-up + {iterations} timed iterations)"
+    )
+    console.print(f"  A: {specs[0]}\n  B: {specs[1]}", markup=False)
+    a, b = run_interleaved(specs, rounds=rounds, iterations=iterations, warmup=args.warmup, seed=args.seed)
+    if args.keep:
+        out = Path(args.keep)
+        console.print(f"wrote {a.save(out / 'A.json')} and {b.save(out / 'B.json')}")
+    return compare_docs(
+        a.to_dict(with_summary=False), b.to_dict(with_summary=False), parsed, args.alpha, names=("A", "B"),
+        strict=strict,
+    )  # fmt: skip

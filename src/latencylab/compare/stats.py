@@ -411,3 +411,170 @@ def exceedance_test(baseline: Binned, candidate: Binned) -> float:
         return math.lgamma(n + 1) - math.lgamma(r + 1) - math.lgamma(n - r + 1)
 
     return min(1.0, 2.0 * math.exp(log_comb(n1, k) - log_comb(big_n, k)))
+
+
+# ------------------------------------------------------------------------------------------ runs
+@dataclass(frozen=True, slots=True)
+class RunDelta:
+    """Inference on a metric's change when each side holds several runs (the run is the unit).
+
+    Each run contributes one value of the metric (its own p50, mean, ...). On the log scale, with
+    ``la``/``lb`` the per-run logs: ``baseline``/``candidate`` are the geometric means exp(mean(la)) and
+    exp(mean(lb)); the relative change exp(mean(lb) - mean(la)) - 1 gets a (1 - alpha) t interval:
+
+    * ``welch``: both sides >= 2 runs; Welch's t with the Welch-Satterthwaite degrees of freedom. The
+      spread *between runs* (which already holds each run's own sampling noise) is the noise floor.
+    * ``one-run``: one side has a single run; the other side's between-run variance stands for both
+      (Student's t, se = s sqrt(1/n + 1), df = n - 1).
+    * ``paired``: runs were interleaved in rounds (``compare --run``): d_r = lb_r - la_r per round, so
+      drift common to a round cancels. With at least ``ROBUST_MIN_ROUNDS`` rounds (``paired-wilcoxon``):
+      the Hodges-Lehmann estimate (median of the Walsh averages (d_i + d_j) / 2, i <= j) with the exact
+      Wilcoxon signed-rank interval and p-value, so one round that other work on the machine hit on one
+      side only does not blow up the interval as it does a t interval's; ``candidate`` is then
+      ``baseline`` x exp(estimate). Fewer rounds: a one-sample t on the d_r (``paired``, df = rounds - 1).
+
+    ``spread_*``: the standard deviation of the per-run logs (0.03: runs differ by about +/-3%), None
+    for a single run. Zero spread (identical runs, a fake clock) gives a zero-width interval.
+    """
+
+    baseline: float
+    candidate: float
+    rel_ci_low: float
+    rel_ci_high: float
+    p_value: float
+    df: float
+    method: str
+    spread_baseline: float | None
+    spread_candidate: float | None
+
+    @property
+    def rel(self) -> float:
+        return self.candidate / self.baseline - 1.0
+
+    @property
+    def significant(self) -> bool:
+        return self.rel_ci_low > 0 or self.rel_ci_high < 0
+
+
+ROBUST_MIN_ROUNDS = 6  # below this, no signed-rank interval reaches 95% (n = 5: min two-sided p = 0.0625)
+
+
+def signed_rank_null(n: int) -> npt.NDArray[np.float64]:
+    """P(T+ = t), t = 0..n(n+1)/2: the exact null distribution of the Wilcoxon signed-rank statistic."""
+    m = n * (n + 1) // 2
+    counts = np.zeros(m + 1)
+    counts[0] = 1.0
+    for r in range(1, n + 1):  # each rank joins the positive set or not
+        counts[r:] = counts[r:] + counts[: m + 1 - r].copy()
+    return counts / counts.sum()
+
+
+def hodges_lehmann(d: npt.ArrayLike, alpha: float = 0.05) -> tuple[float, float, float, float]:
+    """(estimate, low, high, p) for the centre of paired differences ``d``: Hodges-Lehmann with the exact
+    signed-rank interval [W_(k), W_(M+1-k)] over the M sorted Walsh averages, k the largest with
+    P(T+ <= k - 1) <= alpha / 2; the two-sided exact signed-rank p-value (midranks for ties)."""
+    x = np.asarray(d, dtype=np.float64)
+    n = x.size
+    i, j = np.triu_indices(n)
+    walsh = np.sort((x[i] + x[j]) / 2.0)
+    est = float(np.median(walsh))
+    cdf = np.cumsum(signed_rank_null(n))
+    k = int(np.searchsorted(cdf, alpha / 2, side="right"))  # P(T+ <= k - 1) <= alpha / 2
+    m = walsh.size
+    lo, hi = (float(walsh[k - 1]), float(walsh[m - k])) if k >= 1 else (float(walsh[0]), float(walsh[-1]))
+    nz = x[x != 0]
+    if nz.size == 0:
+        return est, lo, hi, 1.0
+    ranks = _midranks(np.abs(nz))
+    t_plus = float(ranks[nz > 0].sum())
+    null = signed_rank_null(nz.size)
+    support = np.arange(null.size, dtype=np.float64)
+    mid = nz.size * (nz.size + 1) / 4.0
+    p = float(null[np.abs(support - mid) >= abs(t_plus - mid) - 1e-9].sum())
+    return est, lo, hi, min(1.0, p)
+
+
+def _midranks(x: FloatArray) -> FloatArray:
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(x.size)
+    ranks[order] = np.arange(1, x.size + 1, dtype=np.float64)
+    for v in np.unique(x):
+        tie = x == v
+        if tie.sum() > 1:
+            ranks[tie] = ranks[tie].mean()
+    return ranks
+
+
+def _t_interval(diff: float, se: float, df: float, alpha: float) -> tuple[float, float, float]:
+    """(low, high, p) of a t statistic: a zero standard error decides exactly."""
+    from scipy.stats import t as student
+
+    if se == 0 or not math.isfinite(se):
+        return diff, diff, (1.0 if diff == 0 else 0.0)
+    crit = float(student.ppf(1.0 - alpha / 2, df))
+    p = float(2.0 * student.sf(abs(diff) / se, df))
+    return diff - crit * se, diff + crit * se, min(1.0, p)
+
+
+def run_delta(
+    baseline: Sequence[float], candidate: Sequence[float], alpha: float = 0.05, paired: bool = False
+) -> RunDelta | None:
+    """Per-run metric values of each side -> :class:`RunDelta`; None with a single run a side (then the
+    between-run spread is unknown, and no test over iterations can stand in for it)."""
+    la = np.log(np.maximum(np.asarray(baseline, dtype=np.float64), 1.0))
+    lb = np.log(np.maximum(np.asarray(candidate, dtype=np.float64), 1.0))
+    na, nb = la.size, lb.size
+    if na == 0 or nb == 0 or (na < 2 and nb < 2):
+        return None
+    sa = float(la.std(ddof=1)) if na > 1 else None
+    sb = float(lb.std(ddof=1)) if nb > 1 else None
+    diff = float(lb.mean() - la.mean())
+    if paired:
+        if na != nb:
+            raise ValueError("a paired comparison needs one run a side per round")
+        d = lb - la
+        if na >= ROBUST_MIN_ROUNDS:
+            est, lo, hi, p = hodges_lehmann(d, alpha)
+            base = float(np.exp(la.mean()))
+            return RunDelta(
+                base, base * math.exp(est), math.expm1(lo), math.expm1(hi), p, float(na - 1), "paired-wilcoxon",
+                sa, sb,
+            )  # fmt: skip
+        se = float(d.std(ddof=1)) / math.sqrt(na)
+        df, method = float(na - 1), "paired"
+    elif sa is not None and sb is not None:
+        va, vb = sa**2 / na, sb**2 / nb
+        se = math.sqrt(va + vb)
+        denom = (va**2 / (na - 1) if na > 1 else 0.0) + (vb**2 / (nb - 1) if nb > 1 else 0.0)
+        df, method = (se**4 / denom if denom > 0 else float(na + nb - 2)), "welch"
+    else:
+        s, n = (sa, na) if sa is not None else (sb, nb)
+        assert s is not None
+        se = s * math.sqrt(1.0 / n + 1.0)
+        df, method = float(n - 1), "one-run"
+    lo, hi, p = _t_interval(diff, se, df, alpha)
+    return RunDelta(
+        float(np.exp(la.mean())),
+        float(np.exp(lb.mean())),
+        math.expm1(lo),
+        math.expm1(hi),
+        p,
+        df,
+        method,
+        sa,
+        sb,
+    )
+
+
+def per_run(samples: Sequence[npt.ArrayLike], stat: float | str) -> list[float]:
+    """``stat`` (a quantile fraction, "mean" or "max") of each run's samples (type-7 quantiles)."""
+    out = []
+    for s in samples:
+        x = np.asarray(s, dtype=np.float64)
+        if stat == "mean":
+            out.append(float(x.mean()))
+        elif stat == "max":
+            out.append(float(x.max()))
+        else:
+            out.append(float(np.quantile(x, float(stat))))
+    return out

@@ -35,9 +35,40 @@ class Operator:
     self_ms_per_call: float  # self time per stage call
     share: float  # of the stage's wall time under the profiler
     calls: int  # per stage call
+    file: str = ""  # cProfile rows: the source file of the function ("" for torch operators and builtins)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "self_ms_per_call": self.self_ms_per_call, "share": self.share, "calls": self.calls}
+        return {
+            "name": self.name,
+            "self_ms_per_call": self.self_ms_per_call,
+            "share": self.share,
+            "calls": self.calls,
+            "file": self.file,
+        }
+
+    @property
+    def user_code(self) -> bool:
+        """A function of the user's: Python source outside the interpreter's library, site-packages and latencylab."""
+        return bool(self.file) and not any(self.file.startswith(p) for p in _LIBRARY_DIRS) and "<" not in self.name
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import sysconfig
+    from pathlib import Path
+
+    import latencylab
+
+    dirs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.add(str(Path(latencylab.__file__).resolve().parent))
+    return tuple(sorted(dirs))
+
+
+_LIBRARY_DIRS = _library_dirs()
+
+
+def user_function(ops: list[Operator]) -> Operator | None:
+    """The user's own Python function with the most self time among ``ops`` (cProfile rows), or None."""
+    return next((o for o in ops if o.user_code), None)
 
 
 def _stage_inputs(pipe: Pipeline, index: int, n: int, start: int) -> list[Any]:
@@ -97,7 +128,8 @@ def python_functions(fn: Callable[[Any], Any], inputs: list[Any]) -> list[Operat
     rows = []
     for (file, line, func), (_cc, nc, tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
         where = func if file == "~" else f"{func} ({file.rsplit('/', 1)[-1]}:{line})"
-        rows.append(Operator(where, tt / calls * 1e3, tt / wall_s if wall_s > 0 else 0.0, round(nc / calls)))
+        share = tt / wall_s if wall_s > 0 else 0.0
+        rows.append(Operator(where, tt / calls * 1e3, share, round(nc / calls), "" if file == "~" else file))
     rows.sort(key=lambda o: -o.self_ms_per_call)
     return rows
 
@@ -159,6 +191,12 @@ def _system_finding(stage: str, summary: dict[str, Any], source: str) -> Finding
         source=source,
         details=summary,
     )
+
+
+def stage_inputs(pipe: Pipeline, stage: str, n: int = 20) -> tuple[Any, list[Any]]:
+    """(the stage's function, ``n`` inputs for it prepared by running the stages before it untimed)."""
+    index = [s.name for s in pipe.stages].index(stage)
+    return pipe.stages[index].fn, _stage_inputs(pipe, index, n, start=10_000)
 
 
 def run_sandwich(

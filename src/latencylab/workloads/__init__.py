@@ -94,4 +94,8 @@ def load_pipeline_factory(spec: str, opts: WorkloadOptions | None = None) -> Pip
     if not isinstance(pipe, Pipeline):
         raise LatencyLabError(f"{spec} returned {type(pipe).__name__}, not a latencylab Pipeline")
     pipe.validate()
+    # recorded in results, so that `diagnose --deep result.json` re-imports this pipeline, not a namesake
+    pipe.metadata.setdefault("factory", spec)
+    if n_params >= 1 and opts is not None:
+        pipe.metadata.setdefault("factory_options", opts.to_dict())
     return pipe

@@ -11,12 +11,14 @@ from collections.abc import Callable, Sequence
 from latencylab.diagnose.rules import (
     batching,
     environment,
+    machine,
     periodic,
     preprocess,
     roofline,
     shapes,
     spikes,
     transfer,
+    variance,
     variants,
 )
 from latencylab.diagnose.types import Finding, LoadedResult
@@ -32,6 +34,8 @@ RULES: dict[str, Rule] = {
     "transfer-blocking": transfer.rule,
     "environment": environment.rule,  # thread-oversubscription, noisy-environment
     "variants": variants.rule,  # int8-slower, prune-no-faster
+    "unstable-explained": variance.rule,  # how much of the IQR the input and the runs explain (issue 23)
+    "machine-speed": machine.rule,  # the canary: the machine's speed moved within or between results
     "roofline": roofline.rule,  # optimize variants placed on this machine's roofline (peaks cached per machine)
 }
 

@@ -60,3 +60,46 @@ def finite(values: Sequence[Any]) -> np.ndarray:
     """The numeric, finite entries of ``values`` (None and NaN dropped) as float64."""
     arr = np.asarray([v for v in values if isinstance(v, (int, float))], dtype=np.float64)
     return arr[np.isfinite(arr)]
+
+
+TAIL_Q = 0.99
+
+
+def tail_iterations(e2e: np.ndarray, q: float = TAIL_Q) -> np.ndarray:
+    """Indices of the iterations at or above the end-to-end ``q`` quantile (at least one): "the tail"."""
+    thr = float(np.quantile(e2e, q))
+    return np.flatnonzero(e2e >= thr)
+
+
+def effect(e2e: np.ndarray, iterations: Sequence[int], excess_ns: Sequence[float]) -> dict[str, float]:
+    """How much of a run a set of slow iterations explains.
+
+    ``share``: their excess time (``excess_ns``, time above the normal for each) over the total end-to-end
+    time; ``tail_share``: the fraction of the tail iterations (>= p99) that are among them; ``p99_ms`` and
+    ``p99_without_ms``: the end-to-end p99 as measured and with each of them reduced by its excess.
+    """
+    idx = np.asarray(list(iterations), dtype=np.int64)
+    exc = np.asarray(list(excess_ns), dtype=np.float64)
+    total = float(e2e.sum())
+    tail = tail_iterations(e2e)
+    fixed = e2e.astype(np.float64).copy()
+    if idx.size:
+        fixed[idx] -= np.clip(exc, 0.0, None)
+    return {
+        "share": float(np.clip(exc, 0.0, None).sum() / total) if total > 0 else 0.0,
+        "tail_share": float(np.isin(tail, idx).mean()) if tail.size else 0.0,
+        "p99_ms": float(np.quantile(e2e, TAIL_Q)) / 1e6,
+        "p99_without_ms": float(np.quantile(fixed, TAIL_Q)) / 1e6,
+    }
+
+
+def effect_text(eff: dict[str, float]) -> str:
+    return (
+        f"{eff['share']:.1%} of end-to-end time, {eff['tail_share']:.0%} of the p99 tail "
+        f"(p99 {eff['p99_ms']:.2f} ms, {eff['p99_without_ms']:.2f} ms without them)"
+    )
+
+
+def iteration_list(its: Sequence[int], limit: int = 6) -> str:
+    shown = ", ".join(str(int(i)) for i in list(its)[:limit])
+    return shown + (f", ... ({len(its)} in all)" if len(its) > limit else "")

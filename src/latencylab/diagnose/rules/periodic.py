@@ -7,6 +7,15 @@ r[k] >= ``MIN_ACF`` and r dipped at least ``MIN_DEPTH`` below it at a shorter la
 phase half-way; a trend or a level shift decays slowly and never dips), refined to a fraction of a lag
 by a parabola through r[k-1..k+1]. Its amplitude is the range of the series folded on the period (mean
 per phase) over the series median; swings under ``MIN_AMPLITUDE`` are ignored.
+
+On a profile, the rhythm is looked for only in what more specific causes leave unexplained
+(:func:`unexplained`): iterations holding a compile event (+-1), a repeated pause or an isolated stall (the
+``spikes`` rule reports those, with their own period) are set to the median, and when the run recorded which
+input (or input shape) each iteration ran and inputs repeat, each iteration's latency is taken relative to the
+median of its input: a pipeline cycling through a fixed input set swings with the inputs, which is no rhythm
+of the system. The finding names the stage whose folded profile swings most, the iterations of the peak phase
+and the effect: the time above the trough of the folded profile, as a share of end-to-end time, and the share
+of the p99 tail that falls in the high half of the cycle.
 """
 
 from __future__ import annotations
@@ -17,8 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from latencylab.diagnose.rules.common import of_kind, profiles
+from latencylab.diagnose.rules.common import effect, iteration_list, of_kind, profiles, tail_iterations
+from latencylab.diagnose.rules.spikes import _compile_events, _explained_by_compiles, find_stalls, stage_excess
 from latencylab.diagnose.types import Evidence, Finding, LoadedResult
+from latencylab.results import ProfileResult
 
 RULE = "periodic-swings"
 MIN_ACF = 0.3
@@ -108,15 +119,83 @@ def _finding(source: str, what: str, p: Periodicity, unit_s: float, unit_name: s
     )
 
 
+def unexplained(prof: ProfileResult) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], list[str]]:
+    """(end-to-end, per-stage [stage, iteration]) series with what other causes explain taken out, and notes."""
+    e2e = prof.end_to_end_ns().astype(np.float64)
+    names, exc, exp, _ = stage_excess(prof)
+    notes = []
+    drop = _explained_by_compiles(_compile_events(prof))
+    pause, stalls = find_stalls(prof, drop)
+    if drop:
+        notes.append("compile events")
+    if pause is not None:
+        drop |= set(pause.iterations)
+        notes.append(f"pauses every {pause.period} iterations")
+    if stalls:
+        drop |= {s.iteration for s in stalls}
+        notes.append("isolated stalls")
+    # relative to the input's own median (``stage_excess`` uses the input or shape when they repeat)
+    per_stage = exc + np.median(exp, axis=1, keepdims=True)
+    if not np.allclose(exp, np.median(exp, axis=1, keepdims=True)):
+        notes.append("the input set's own latencies")
+    idx = np.asarray(sorted(i for i in drop if 0 <= i < e2e.size), dtype=np.int64)
+    if idx.size:
+        per_stage[:, idx] = np.median(per_stage, axis=1, keepdims=True)
+    del names
+    return per_stage.sum(axis=0), per_stage, notes
+
+
+def _profile_finding(r: LoadedResult, prof: ProfileResult) -> Finding | None:
+    resid, per_stage, notes = unexplained(prof)
+    p = find_period(resid)
+    if p is None:
+        return None
+    e2e = prof.end_to_end_ns()
+    starts = np.asarray(prof.iteration_start_ns, dtype=np.float64)
+    step = float(np.mean(np.diff(starts))) / 1e9 if starts.size > 1 else 0.0
+    phases = np.arange(resid.size) % p.lag
+    fold = np.asarray([resid[phases == k].mean() for k in range(p.lag)])
+    swings = [float(np.ptp([row[phases == k].mean() for k in range(p.lag)])) for row in per_stage]
+    j = int(np.argmax(swings))
+    stage = prof.stages[j].name
+    peak = int(np.argmax(fold))
+    peak_its = list(range(peak, resid.size, p.lag))
+    excess = fold[phases] - fold.min()
+    eff = effect(e2e, range(resid.size), excess)
+    high = np.flatnonzero(fold > (fold.max() + fold.min()) / 2)
+    tail = tail_iterations(e2e)
+    eff["tail_share"] = float(np.isin(tail % p.lag, high).mean()) if tail.size else 0.0
+    f = _finding(r.source, "end-to-end latency per iteration", p, step, "iterations", resid.size)
+    secs = p.period * step
+    return Finding(
+        rule=RULE,
+        severity=f.severity,
+        title=(
+            f"{stage} swings periodically: period {p.period:.1f} iterations ({secs:.3g} s), peak-to-trough "
+            f"{p.amplitude:.0%} of the median, peaks at iterations {iteration_list(peak_its, 4)}; "
+            f"the swing is {eff['share']:.1%} of end-to-end time, {eff['tail_share']:.0%} of the p99 tail "
+            "falls in the high half of the cycle"
+        ),
+        evidence=(
+            Evidence("stage that swings most", f"{stage} ({swings[j] / 1e6:.3f} ms peak-to-trough)"),
+            Evidence("peak phase: iterations", iteration_list(peak_its, 8)),
+            *f.evidence[1:],
+            Evidence("share of end-to-end time above the trough", round(100 * eff["share"], 2), "%"),
+            Evidence("share of the p99 tail in the high half", round(100 * eff["tail_share"], 1), "%"),
+            Evidence("taken out before looking", ", ".join(notes) or "nothing (no other cause found)"),
+        ),
+        recommendation=ADVICE,
+        source=r.source,
+        details={**f.details, "stage": stage, "peak_iterations": peak_its[:50], "effect": eff, "ruled_out": notes},
+    )
+
+
 def rule(results: Sequence[LoadedResult]) -> list[Finding]:
     out: list[Finding] = []
     for r, prof in profiles(results):
-        e2e = prof.end_to_end_ns()
-        p = find_period(e2e)
-        if p is not None:
-            starts = np.asarray(prof.iteration_start_ns, dtype=np.float64)
-            step = float(np.mean(np.diff(starts))) / 1e9 if starts.size > 1 else 0.0
-            out.append(_finding(r.source, "end-to-end latency per iteration", p, step, "iterations", e2e.size))
+        f = _profile_finding(r, prof)
+        if f is not None:
+            out.append(f)
     for r in of_kind(results, "load"):
         tl = list(r.doc.get("timeline", []))
         if len(tl) < MIN_POINTS:

@@ -11,6 +11,16 @@ what a plain dynamic batcher would do, so that waste is reported too. The recomm
 from :func:`latencylab.optimize.experiments.choose_buckets` (min-waste, 3 edges, 95% of inputs fit the
 largest, rounded up to multiples of 8) plus a last bucket at the longest length seen; the waste they leave
 is each item padded to its bucket.
+
+*Cost of the padding* (when the run recorded real lengths): the time of the stage that ran on the padded
+input (``pipeline.observed.shape_stage``, recorded by the profiler, else the first ``forward`` stage) is fitted
+against the padded positions per iteration (batch x padded length): a least-squares line through the medians of
+8 equal-size groups of iterations ordered by padded positions (robust to a preempted iteration); the slope times the
+padded-minus-real positions of the run is the time spent on padding, reported as a share of that stage and of
+end-to-end time, with the fit's R^2 (not reported when the slope is not positive or R^2 < 0.2).
+
+The shapes and lengths come from the profiler itself (``latencylab.autoprobe``: the stage input's array, a
+tokenizer output's ``attention_mask``) or from a pipeline probe.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import numpy as np
 from latencylab.diagnose.rules.common import meta_column, of_kind, profiles
 from latencylab.diagnose.types import Evidence, Finding, LoadedResult
 from latencylab.optimize.experiments import bucket_for, choose_buckets
+from latencylab.results import ProfileResult
 
 RULE = "shape-variance"
 BATCH = 8
@@ -30,6 +41,7 @@ MIN_CV = 0.3  # coefficient of variation of the lengths
 MIN_WASTE = 0.25  # padded positions per real one
 MIN_DISTINCT = 8  # distinct shapes: each is a recompile / engine profile for static-shape compilers
 COVERAGE = 0.95
+FIT_BINS = 8
 
 
 def _seq_dim(shapes: Sequence[Sequence[int]]) -> int | None:
@@ -57,7 +69,43 @@ def _batched_waste(lengths: Sequence[int], batch: int) -> float:
     return _waste(lengths, padded)
 
 
-def _profile_finding(r: LoadedResult, shapes_col: Sequence[Any], lengths_col: Sequence[Any] | None) -> Finding | None:
+def _shape_stage(prof: ProfileResult) -> str | None:
+    observed = (prof.pipeline.get("observed") or {}).get("shape_stage")
+    if observed in prof.stage_names:
+        return str(observed)
+    return next((s.name for s in prof.stages if s.kind == "forward"), None)
+
+
+def _padding_cost(prof: ProfileResult, padded_pos: np.ndarray, real_pos: np.ndarray) -> dict[str, Any] | None:
+    stage = _shape_stage(prof)
+    if stage is None or padded_pos.size < 10 or np.ptp(padded_pos) == 0:
+        return None
+    t = prof.stage(stage).array().astype(np.float64)
+    # robust to preemption outliers: a line through the medians of FIT_BINS groups of equal size (by positions)
+    order = np.argsort(padded_pos, kind="stable")
+    groups = [g for g in np.array_split(order, FIT_BINS) if g.size]
+    bx = np.asarray([np.median(padded_pos[g]) for g in groups])
+    by = np.asarray([np.median(t[g]) for g in groups])
+    if np.unique(bx).size < 3:
+        return None
+    slope, icpt = np.polyfit(bx, by, 1)
+    ss = float(((by - by.mean()) ** 2).sum())
+    r2 = 1.0 - float(((by - (slope * bx + icpt)) ** 2).sum()) / ss if ss > 0 else 0.0
+    if slope <= 0 or r2 < 0.2:
+        return None
+    pad_ns = float(slope * (padded_pos - real_pos).clip(0).sum())
+    return {
+        "stage": stage,
+        "ns_per_position": float(slope),
+        "r2": r2,
+        "stage_share": pad_ns / float(t.sum()),
+        "share": pad_ns / float(prof.end_to_end_ns().sum()),
+    }
+
+
+def _profile_finding(
+    r: LoadedResult, prof: ProfileResult, shapes_col: Sequence[Any], lengths_col: Sequence[Any] | None
+) -> Finding | None:
     shapes = [list(s) for s in shapes_col if isinstance(s, (list, tuple))]
     if len(shapes) != len(shapes_col) or len(shapes) < 2:
         return None
@@ -65,9 +113,12 @@ def _profile_finding(r: LoadedResult, shapes_col: Sequence[Any], lengths_col: Se
     if d is None:
         return None
     padded_per_iter = [int(s[d]) for s in shapes]
+    cost = None
     if lengths_col is not None and all(isinstance(v, (list, tuple)) for v in lengths_col):
         real = [int(x) for lens in lengths_col for x in lens]
         padded = [p for p, lens in zip(padded_per_iter, lengths_col, strict=True) for _ in lens]
+        padded_pos = np.asarray([p * len(lens) for p, lens in zip(padded_per_iter, lengths_col, strict=True)], float)
+        cost = _padding_cost(prof, padded_pos, np.asarray([sum(lens) for lens in lengths_col], float))
     else:
         batch = int(shapes[0][0]) if d != 0 else 1
         real = [p for p in padded_per_iter for _ in range(batch)]
@@ -90,10 +141,24 @@ def _profile_finding(r: LoadedResult, shapes_col: Sequence[Any], lengths_col: Se
         what = f"padding wastes {current:.2f} padded positions per real one"
     else:
         what = f"batching {BATCH} at a time padded to the longest would waste {naive:.2f} per real position"
+    stage = _shape_stage(prof)
+    where = f" into {stage}" if stage else ""
     title = (
-        f"input lengths vary {int(arr.min())}-{longest} (p50 {q[0]:.0f}, p90 {q[1]:.0f}, {distinct} distinct shapes): "
-        f"{what}; buckets {edges} cut it to {bucketed:.2f}"
+        f"input lengths{where} vary {int(arr.min())}-{longest} (p50 {q[0]:.0f}, p90 {q[1]:.0f}, {distinct} distinct "
+        f"shapes over {len(shapes)} iterations): {what}; buckets {edges} cut it to {bucketed:.2f}"
     )
+    cost_ev: tuple[Evidence, ...] = ()
+    if cost is not None:
+        title += (
+            f"; padding costs ~{cost['stage_share']:.0%} of {cost['stage']} time ({cost['share']:.1%} of end-to-end)"
+        )
+        cost_ev = (
+            Evidence("stage that runs on the padded input", cost["stage"]),
+            Evidence(f"{cost['stage']} time per padded position (fit)", round(cost["ns_per_position"] / 1e3, 4), "us"),
+            Evidence("fit R^2", round(cost["r2"], 3)),
+            Evidence(f"time spent on padding, share of {cost['stage']}", round(100 * cost["stage_share"], 1), "%"),
+            Evidence("time spent on padding, share of end-to-end", round(100 * cost["share"], 1), "%"),
+        )
     return Finding(
         rule=RULE,
         severity="warning",
@@ -105,6 +170,7 @@ def _profile_finding(r: LoadedResult, shapes_col: Sequence[Any], lengths_col: Se
             Evidence("padding waste as run", round(current, 3), "padded/real"),
             Evidence(f"padding waste batching {BATCH} in arrival order", round(naive, 3), "padded/real"),
             Evidence(f"padding waste with buckets {edges}", round(bucketed, 3), "padded/real"),
+            *cost_ev,
         ),
         recommendation=(
             f"group inputs into length buckets with edges {edges} plus a last bucket at the maximum length ({cap} "
@@ -115,7 +181,15 @@ def _profile_finding(r: LoadedResult, shapes_col: Sequence[Any], lengths_col: Se
             "`python -m latencylab.optimize.experiments` measures fixed vs exact vs bucketed padding"
         ),
         source=r.source,
-        details={"edges": edges, "waste": current, "waste_batched": naive, "waste_bucketed": bucketed, "cv": cv},
+        details={
+            "edges": edges,
+            "waste": current,
+            "waste_batched": naive,
+            "waste_bucketed": bucketed,
+            "cv": cv,
+            "cost": cost,
+            "iterations": len(shapes),
+        },
     )
 
 
@@ -158,7 +232,7 @@ def rule(results: Sequence[LoadedResult]) -> list[Finding]:
         shapes = meta_column(prof, "shape")
         if shapes is None:
             continue
-        f = _profile_finding(r, shapes, meta_column(prof, "lengths"))
+        f = _profile_finding(r, prof, shapes, meta_column(prof, "lengths"))
         if f is not None:
             out.append(f)
     for r in of_kind(results, "shape-policy"):
