@@ -3,10 +3,12 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The MLServer peer's own venv (tests/test_peer_mlserver.py); its set-up script writes this stamp.
+MLSERVER_STAMP := benchmarks/.venvs/mlserver/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test test-fast lint typecheck venv clean bench system-deps
+.PHONY: run test test-fast lint typecheck venv peers clean bench system-deps
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +19,15 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# Everything the slow tier talks to that lives outside .venv: the MLServer peer (a second OIP server, in its own
+# venv because it pins libraries the project must not share). The script is idempotent; the stamp spares make
+# even running it until the script changes.
+$(MLSERVER_STAMP): benchmarks/peers/mlserver_setup.sh
+	bash benchmarks/peers/mlserver_setup.sh
+	touch $@
+
+peers: $(MLSERVER_STAMP)
 
 # The main job: the optimize lab on the built-in text workload (every candidate family, the default fidelity
 # budget, a 6-minute search cap), the chosen artifact + recipe in results/optimize-text/, then its HTML report.
@@ -29,9 +40,11 @@ run: $(STAMP)
 system-deps:
 	@bash scripts/system-deps.sh
 
-test: $(STAMP) system-deps
+# Everything: the fast tier and the slow one (real models, servers, the browser, the MLServer peer).
+test: $(STAMP) $(MLSERVER_STAMP) system-deps
 	$(BIN)/python -m pytest -q
 
+# Unit tests only (fake clocks, fake variants, no real model, server process or browser): under 2 minutes.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 

@@ -1,24 +1,79 @@
-"""Shared test set-up: offline model hubs, a private cache, and the machine-noise precondition.
+"""Shared test set-up: offline model hubs, a private cache, the slow tier, and the machine-noise precondition.
+
+Tiers. ``make test-fast`` (``-m "not slow"``) is the unit tier, under 2 minutes on 2 cores: fake clocks and
+fake variants, no real model (MiniLM, the vision CNN), no browser, no server process, no optimize search.
+Everything else is marked ``slow`` and runs in ``make test``: with ``@pytest.mark.slow`` where it is written,
+or listed in ``SLOW`` below (modules whose every test is heavy, and the heavy tests, or the fixtures that
+make a test heavy, of mixed modules).
 
 Tests that judge real wall-clock behaviour (a busy-wait measured to 5%, a timer that must fire within a
 few ms) cannot pass on a machine whose cores are taken by other work, however correct the program. Such a
 test states its precondition through the ``machine_noise`` fixture: the fixture measures, just before the
 test, how much of a spinning thread's time the scheduler takes away and how late a 1-ms sleep wakes up;
 ``machine_noise.require(...)`` skips the test with those numbers when they exceed what the test can
-tolerate. A test whose judgement failed can re-measure (``Noise.measure()``) and skip when the machine
-turned noisy while it ran; on a quiet machine the failure stands.
+tolerate. A test whose judgement failed can measure again (``machine_noise.recheck(...)``) and skip when the
+machine turned noisy while it ran; on a quiet machine the failure stands. A single-threaded measurement can
+do better and ask the kernel how long its own thread was kept off the CPU while it ran (``Watch``): its
+judgement then holds or is set aside by what happened during it, not around it.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
+from types import TracebackType
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# "module" (every test in it) or "module::name" (the test so named, or every test using the fixture so named).
+SLOW: dict[str, str] = {
+    "test_vision.py": "trains and runs the vision CNN",
+    "test_text.py": "runs MiniLM",
+    "test_serve_ort_text.py": "exports MiniLM to ONNX and serves it",
+    "test_serve_variants.py::text_variants": "builds every rung of the text ladder (MiniLM)",
+    "test_serve_variants.py::vision_variants": "builds every rung of the vision ladder",
+    "test_serve_process.py": "starts server processes",
+    "test_peer_mlserver.py": "starts MLServer processes (benchmarks/peers/mlserver_setup.sh)",
+    "test_report_html.py::inputs": "profiles, loads and optimizes through the CLI for the report's inputs",
+    "test_report_html.py::report": "renders a report of real results (and Chromium screenshots it)",
+    "test_report_html.py::test_optimize_headline_splits_the_speedup": "renders every optimize figure (~10 s)",
+    "test_roofline.py::test_roofline_findings_on_the_vision_workload": "times the vision CNN at each precision",
+    "test_optimize_lab.py": "runs the optimize lab",
+    "test_optimize_torch.py::vision_ctx": "builds torch candidates of the vision CNN",
+    "test_optimize_torch.py::text_ctx": "builds torch candidates of MiniLM",
+    "test_optimize_ort.py::vision": "builds ONNX Runtime candidates of the vision CNN",
+    "test_optimize_ort.py::text": "builds ONNX Runtime candidates of MiniLM",
+    "test_optimize_experiments.py::minilm": "runs MiniLM",
+    "test_optimize_experiments.py::test_pipeline_overlap_counts_and_sanity_throughput": "seconds of real work",
+    "test_compare.py::real_runs": "three real profile runs through the CLI",
+    "test_budget.py::test_cli_profile_exit_code_follows_the_budget": "three real profile runs through the CLI",
+    "test_load.py::test_slo_verdict_and_early_abort": "a real load run against a server process",
+    "test_load.py::test_cli_early_stop_when_the_slo_verdict_is_decided": "a real load run through the CLI",
+    "test_load.py::test_cli_load_json_and_jsonl": "a real load run through the CLI",
+    "test_load_early_stop.py::test_a_burst_at_the_start_of_a_real_run_does_not_stop_it": "a real load run",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests ``SLOW`` names as slow; warn about a name its module no longer defines."""
+    seen: dict[str, object] = {}
+    for item in items:
+        module = item.path.name
+        seen[module] = getattr(item, "module", None)
+        names = (getattr(item, "originalname", item.name), *getattr(item, "fixturenames", ()))
+        if module in SLOW or any(f"{module}::{n}" in SLOW for n in names):
+            item.add_marker(pytest.mark.slow)
+    for key in SLOW:
+        module, _, name = key.partition("::")
+        if name and module in seen and not hasattr(seen[module], name):
+            warnings.warn(f"tests/conftest.py SLOW names {key!r}: {module} defines no {name}", stacklevel=1)
+
 
 STALL_NS = 100_000  # a gap this long between two clock reads of a spinning thread is the scheduler's doing
 
@@ -37,9 +92,10 @@ class Noise:
     max_stall_ms: float
     wake_late_ms: float
     load: float
+    test: str = ""  # the test that asked (named in the skip reason)
 
     @classmethod
-    def measure(cls, spin_s: float = 0.25, sleeps: int = 20) -> Noise:
+    def measure(cls, spin_s: float = 0.25, sleeps: int = 20, test: str = "") -> Noise:
         """Spin on ``perf_counter_ns`` for ``spin_s`` counting the gaps, then time ``sleeps`` 1-ms sleeps (~0.3 s)."""
         now = time.perf_counter_ns
         start = last = now()
@@ -63,6 +119,7 @@ class Noise:
             max_stall_ms=longest / 1e6,
             wake_late_ms=max(0.0, late[-2]),
             load=os.getloadavg()[0] / (os.cpu_count() or 1),
+            test=test,
         )
 
     def describe(self) -> str:
@@ -89,13 +146,58 @@ class Noise:
         if wake_late_ms is not None and self.wake_late_ms > wake_late_ms:
             over.append(f"sleep wake-up lateness {self.wake_late_ms:.1f} ms > {wake_late_ms:g} ms")
         if over:
-            pytest.skip(f"machine too noisy to judge {judging} ({'; '.join(over)}): {self.describe()}")
+            who = f"{self.test}: " if self.test else ""
+            pytest.skip(f"{who}machine too noisy to judge {judging} ({'; '.join(over)}): {self.describe()}")
+
+    def recheck(self, judging: str, **limits: float) -> None:
+        """After a failed judgement: measure again and skip if the machine is now noisier than ``limits`` (it
+        turned noisy while the test ran). On a quiet machine this returns and the failure stands."""
+        Noise.measure(test=self.test).require(f"{judging} (measured again after the judgement failed)", **limits)
+
+
+class Watch:
+    """How much of a block's wall time the calling thread spent kept off the CPU (``with Watch() as w: ...``).
+
+    ``waited``: the thread's run-queue wait (Linux ``/proc/thread-self/schedstat``: runnable, but another task
+    had the core) plus the hypervisor's steal time (``/proc/stat``, the machine's share per CPU), as a fraction
+    of the block's wall time. ``None`` where the kernel does not say (then nothing can be set aside by it).
+    """
+
+    def __init__(self) -> None:
+        self.waited: float | None = None
+        self._start: tuple[int, int, int] | None = None
+
+    @staticmethod
+    def _read() -> tuple[int, int, int] | None:
+        try:
+            with open("/proc/thread-self/schedstat") as f:
+                wait_ns = int(f.read().split()[1])
+            with open("/proc/stat") as f:
+                steal_ticks = int(f.readline().split()[8])
+        except (OSError, IndexError, ValueError):
+            return None
+        return wait_ns, steal_ticks, time.perf_counter_ns()
+
+    def __enter__(self) -> Watch:
+        self._start = self._read()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        end = self._read()
+        if self._start is None or end is None:
+            return
+        wall = end[2] - self._start[2]
+        steal_ns = (end[1] - self._start[1]) * 1e9 / os.sysconf("SC_CLK_TCK") / (os.cpu_count() or 1)
+        self.waited = (end[0] - self._start[0] + steal_ns) / wall if wall > 0 else 0.0
+
+    def describe(self) -> str:
+        return "unknown" if self.waited is None else f"kept off the CPU {self.waited:.2%} of the time"
 
 
 @pytest.fixture()
-def machine_noise() -> Noise:
+def machine_noise(request: pytest.FixtureRequest) -> Noise:
     """The machine's noise measured just before the test (see ``Noise.require``)."""
-    return Noise.measure()
+    return Noise.measure(test=request.node.name)
 
 
 @pytest.fixture(autouse=True)

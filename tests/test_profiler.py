@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import Noise, Watch
 from latencylab.analysis import analyze
 from latencylab.clock import Clock, FakeClock, PerfCounterClock, cuda_available
 from latencylab.errors import LatencyLabError
@@ -52,21 +53,31 @@ def test_fake_clock_percentiles_within_3pct_of_true_quantiles() -> None:
             assert lo <= truth <= hi or st.dist.kind == "constant"
 
 
-def test_real_clock_percentiles_within_3pct_of_truth() -> None:
+# A real-clock attempt is judged only when its thread was kept off the CPU at most this share of the time
+# (10 ms of a 4-s run: two or three preemptions of a busy core's time slice, each of which can stretch one
+# busy-wait sample, fewer than the 8 samples above the p99 of 800).
+QUIET = 0.0025
+
+
+def test_real_clock_percentiles_within_3pct_of_truth(machine_noise: Noise) -> None:
     # Busy-wait stages on the real clock: the truth is the planned duration of each iteration.
     stages = (
         SyntheticStage("preprocess", Distribution("constant", 2e6), "preprocess"),
         SyntheticStage("forward", Distribution("lognormal", 3e6, 0.3), "forward"),
     )
-    # Millisecond stages: a scheduler preemption (tens of us on a busy 2-core VM) stays under 3%.
-    # p50 within 3%; p99 within 5%, because on a shared 2-core VM a few of the 8 tail samples
-    # can include a scheduler preemption (the fake-clock test holds p99 to 3% exactly). Another
-    # process hogging a core is outside the profiler's control: up to 5 attempts, as pyperf reruns.
+    # p50 within 3%; p99 within 5%: a scheduler preemption that covers the end of a busy-wait stretches that
+    # sample, and a few of the 8 tail samples may carry one even on a quiet machine (the fake-clock test holds
+    # p99 to 3% exactly). Another process hogging the core is outside the profiler's control: each attempt
+    # watches how long its thread was kept off the CPU, and only a quiet attempt is judged (up to 5 attempts,
+    # as pyperf reruns).
+    machine_noise.require("busy-wait stage timings to 5%", stolen=0.05)
     tolerance = {0.5: 0.03, 0.99: 0.05}
-    errors: list[str] = []
+    judged: list[str] = []
+    disturbed: list[str] = []
     for attempt in range(5):
         pipe = synthetic_pipeline(stages, seed=5 + attempt, iteration_offset=3)
-        res = profile(pipe, ProfileConfig(warmup=3, iterations=800), clock=PerfCounterClock(), env={})
+        with Watch() as watch:
+            res = profile(pipe, ProfileConfig(warmup=3, iterations=800), clock=PerfCounterClock(), env={})
         planned = _planned(pipe, 3, 800)
         series = [(st.name, st.array(), planned[:, j]) for j, st in enumerate(res.stages)]
         series.append(("end-to-end", res.end_to_end_ns(), planned.sum(axis=1)))
@@ -76,11 +87,17 @@ def test_real_clock_percentiles_within_3pct_of_truth() -> None:
             for q, rel in tolerance.items()
             if abs(np.quantile(got, q) / np.quantile(want, q) - 1) > rel
         ]
+        # durations never come out shorter than planned (busy-wait can only overshoot), noisy machine or not
+        assert (res.stage("forward").array() >= np.floor(planned[:, 1]) - 1).all()
         if not errors:
-            break
-    assert not errors, errors
-    # durations never come out shorter than planned (busy-wait can only overshoot)
-    assert (res.stage("forward").array() >= np.floor(planned[:, 1]) - 1).all()
+            return
+        if watch.waited is not None and watch.waited > QUIET:
+            disturbed.append(f"attempt {attempt}: {watch.describe()}: {errors}")
+        else:
+            judged.append(f"attempt {attempt} ({watch.describe()}): {errors}")
+    if not judged:
+        pytest.skip(f"every attempt was kept off the CPU more than {QUIET:.2%} of its time: {disturbed}")
+    raise AssertionError(f"quiet attempts measured wrong: {judged}; disturbed ones: {disturbed}")
 
 
 def test_injected_level_shift_is_detected_and_located() -> None:
@@ -96,16 +113,20 @@ def test_injected_level_shift_is_detected_and_located() -> None:
     assert any("latency jumped" in w and "iterations 60" in w for w in a.warnings)
 
 
-def test_injected_stall_on_real_clock_is_detected() -> None:
+def test_injected_stall_on_real_clock_is_detected(machine_noise: Noise) -> None:
+    # A busy machine adds real (scheduler) stalls: the injected one (50 ms, 100x the 0.5-ms stage) must be found
+    # and be the worst, which only a machine whose own stalls stay well under 50 ms can show.
+    machine_noise.require("a 50-ms stall against the machine's own", max_stall_ms=10.0)
     stages = (SyntheticStage("forward", Distribution("normal", 0.5e6, 0.02e6), "forward"),)
     pipe = synthetic_pipeline(stages, [Injection("forward", 300, 1, 1.0, 50e6)], seed=0, iteration_offset=2)
-    res = profile(pipe, ProfileConfig(warmup=2, iterations=600), env={})
-    spikes = analyze(res).spikes
-    stalls = [s for s in spikes if s.kind == "stall"]
-    # A busy machine adds real (scheduler) stalls; the injected one must be found, and be the worst.
-    worst = max(stalls, key=lambda s: s.ratio)
-    assert worst.start == 300 and worst.end == 301
-    assert worst.ratio > 50
+    with Watch() as watch:
+        res = profile(pipe, ProfileConfig(warmup=2, iterations=600), env={})
+    stalls = [s for s in analyze(res).spikes if s.kind == "stall"]
+    worst = max(stalls, key=lambda s: s.ratio, default=None)
+    found = worst is not None and (worst.start, worst.end) == (300, 301) and worst.ratio > 50
+    if not found and watch.waited is not None and watch.waited > QUIET:
+        pytest.skip(f"the machine itself stalled the run ({watch.describe()}); stalls found: {stalls}")
+    assert found, stalls
 
 
 def test_clean_run_has_no_spike() -> None:

@@ -18,8 +18,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.testclient import TestClient
 
-from fake_variants import FakeVariant
 from conftest import Noise
+from fake_variants import FakeVariant
 from latencylab.clock import FakeClock
 from latencylab.serve.app import build_state, lifespan_app
 from latencylab.serve.config import ModelConfig, ServerConfig
@@ -266,7 +266,7 @@ def _settle(svc: Any, timeout_s: float = 10.0) -> None:
 
 
 def test_deadline_from_header_or_parameter() -> None:
-    c, _v, _ = _server(delays={"fp32": 0.05})
+    c, _v, _ = _server(delays={"fp32": 0.05}, clock=FakeClock())
     with c:
         # 10 ms cannot be met by a 50 ms model: refused at admission (503), not left to time out
         r = c.post("/v2/models/fake/versions/fp32/infer", json=BODY, headers={"X-Latencylab-Deadline-Ms": "10"})
@@ -281,20 +281,26 @@ def test_deadline_from_header_or_parameter() -> None:
         assert bad.status_code == 400 and "x-latencylab-deadline-ms" in bad.json()["error"]
 
 
-def test_admission_counts_the_preprocess_backlog() -> None:
-    """30 simultaneous requests with a 20 ms preprocess on 2 workers and a 70 ms deadline: only about 6 can be
-    preprocessed in time, so the rest must be shed at admission (503), not admitted to miss their deadline."""
+def test_admission_counts_the_preprocess_backlog_in_real_time(machine_noise: Noise) -> None:
+    """30 simultaneous requests with a real 20 ms preprocess on 2 workers and a 70 ms deadline: only about 6 can
+    be preprocessed in time, so the rest must be shed at admission (503), and the admitted ones must really make
+    their deadline (few 504s). The admission arithmetic itself is checked exactly on a fake clock in
+    test_serve_service.py; here the real timing is the point, so the machine must be quiet enough to keep it."""
+    limits = {"stolen": 0.25, "wake_late_ms": 2.0}
+    machine_noise.require("20-ms preprocessing against a 70-ms deadline", **limits)
     variants = [FakeVariant("fp32", 0.002, pre_delay_s=0.02)]
     cfg = ServerConfig(models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make"),))
     state = build_state(cfg, {"fake": variants})
     body = {**BODY, "parameters": {"deadline_ms": 70}}
     with TestClient(lifespan_app(state)) as c:
-        assert state.services["fake"].pre_s >= 0.015  # seeded by warm-up
+        assert state.services["fake"].pre_s >= 0.02  # seeded by warm-up (a sleep is never shorter)
         with concurrent.futures.ThreadPoolExecutor(30) as pool:
             rs = list(pool.map(lambda _: c.post("/v2/models/fake/versions/fp32/infer", json=body), range(30)))
     codes = [r.status_code for r in rs]
     assert set(codes) <= {200, 503, 504}
     assert codes.count(503) >= 15, codes  # the backlog is refused up front ...
+    if codes.count(200) < 1 or codes.count(504) > 5:
+        machine_noise.recheck("20-ms preprocessing against a 70-ms deadline", **limits)
     assert codes.count(200) >= 1, codes
     assert codes.count(504) <= 5, codes  # ... instead of timing out after it was admitted
 
@@ -320,8 +326,9 @@ def _metric(text: str, prefix: str) -> float:
 @pytest.mark.parametrize("unit", ["s", "ms", "us", "bare"])
 def test_request_aged_past_its_deadline_is_shed_at_once(unit: str) -> None:
     """The header says the request started 50 ms ago; its deadline is 30 ms: 503 + Retry-After, counted as a
-    deadline shed, and the model never sees it. The same request without the header is served."""
-    c, v, _ = _server(delays={"fp32": 0.002})
+    deadline shed, and the model never sees it. The same request without the header is served (2 ms on a fake
+    clock: exactly inside its deadline)."""
+    c, v, _ = _server(delays={"fp32": 0.002}, clock=FakeClock())
     with c:
         body = {**BODY, "parameters": {"deadline_ms": 30}}
         n_batches = len(v["fp32"].batch_sizes)
@@ -340,14 +347,15 @@ def test_request_aged_past_its_deadline_is_shed_at_once(unit: str) -> None:
 
 
 def test_request_start_age_counts_in_admission() -> None:
-    """A 15 ms model and a 30 ms deadline: fresh requests fit (15 + 3 ms margin), a request that is 20 ms old
-    does not (20 + 15 + 3 > 30) although its age alone is inside the deadline: shed by admission."""
-    c, _v, _ = _server(delays={"fp32": 0.015})
+    """A 0.5-s model (on a fake clock) and a 1-s deadline: a fresh request fits (0.5 s + 3 ms margin), a request
+    that is 0.7 s old does not (0.7 + 0.5 > 1) although its age alone is inside the deadline: shed by admission.
+    (Ages are wall-clock facts from the header: the large figures leave room for a busy machine's delays.)"""
+    c, _v, _ = _server(delays={"fp32": 0.5}, clock=FakeClock())
     with c:
-        body = {**BODY, "parameters": {"deadline_ms": 30}}
+        body = {**BODY, "parameters": {"deadline_ms": 1000}}
         fresh = c.post("/v2/models/fake/versions/fp32/infer", json=body, headers={"X-Request-Start": _stamp(0.0)})
         assert fresh.status_code == 200, fresh.text
-        r = c.post("/v2/models/fake/versions/fp32/infer", json=body, headers={"X-Request-Start": _stamp(0.02)})
+        r = c.post("/v2/models/fake/versions/fp32/infer", json=body, headers={"X-Request-Start": _stamp(0.7)})
         assert r.status_code == 503 and r.json()["error"] == "overloaded (deadline)"
         assert int(r.headers["Retry-After"]) >= 1
         m = c.get("/metrics").text
@@ -356,21 +364,21 @@ def test_request_start_age_counts_in_admission() -> None:
 
 
 def test_the_guard_counts_latency_from_the_request_start() -> None:
-    """The guard's window holds what the client sees: a request 20 ms old on arrival, served in ~2 ms, is a
-    >= 20 ms sample; without the header it is a few ms."""
-    c, _v, state = _server(delays={"fp32": 0.002})
+    """The guard's window holds what the client sees: a request 20 ms old on arrival, served in 2 ms (on a fake
+    clock), is a >= 22 ms sample; without the header it is the 2 ms."""
+    c, _v, state = _server(delays={"fp32": 0.002}, clock=FakeClock())
     guard = state.services["fake"].guard
     with c:
         body = {**BODY, "parameters": {"deadline_ms": 500}}
         r = c.post("/v2/models/fake/infer", json=body, headers={"X-Request-Start": _stamp(0.02)})
         assert r.status_code == 200, r.text
         aged = guard.window_quantile(0)
-        assert aged is not None and aged >= 20.0
-    c, _v, state = _server(delays={"fp32": 0.002})
+        assert aged is not None and aged >= 22.0 * 0.999  # HDR rounding
+    c, _v, state = _server(delays={"fp32": 0.002}, clock=FakeClock())
     with c:
         assert c.post("/v2/models/fake/infer", json=body).status_code == 200
         fresh = state.services["fake"].guard.window_quantile(0)
-        assert fresh is not None and fresh < 20.0
+        assert fresh == pytest.approx(2.0, rel=0.001)
 
 
 @pytest.mark.parametrize(
@@ -389,11 +397,13 @@ def test_bad_request_start_is_a_400_naming_the_header(stamp: str, fragment: str)
 
 
 def test_request_start_is_ignored_when_not_trusted() -> None:
-    variants = [FakeVariant("fp32", 0.002)]
+    """Untrusted, a stamp 50 ms old does not count against a 30-ms deadline (2 ms on a fake clock: served)."""
+    clock = FakeClock()
+    variants = [FakeVariant("fp32", 0.002, clock=clock)]
     cfg = ServerConfig(
         models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make"),), trust_request_start=False
     )
-    state = build_state(cfg, {"fake": variants})
+    state = build_state(cfg, {"fake": variants}, clock=clock)
     with TestClient(lifespan_app(state)) as c:
         body = {**BODY, "parameters": {"deadline_ms": 30}}
         for value in (_stamp(0.05), "garbage"):

@@ -1,8 +1,15 @@
-"""The deadline-aware batcher with a variant whose batch cost is known (sleeps)."""
+"""The deadline-aware batcher with a variant whose batch cost is known.
+
+Most tests run the batcher on a ``FakeClock``: the variant spends its cost by advancing the clock, and a test
+that needs the compute thread busy while it queues more holds the variant at a gate (``SleepVariant.gate``)
+instead of racing a sleep, so every release time, prediction and order is exact on any machine. The tests
+whose point is real timing (the release timer, two compute threads at once) state their noise precondition.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -10,33 +17,51 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import Noise
+from latencylab.clock import FakeClock
 from latencylab.serve.batcher import Batcher, DeadlineExceeded, LatencyModel, ModelFailure, Shed
 from latencylab.serve.types import InferRequest, Tensor, TensorSpec
 
 
 class SleepVariant:
-    """forward(batch of n) sleeps base + per_item * n seconds; records the batches it saw."""
+    """forward(batch of n) takes base + per_item * n seconds (sleeps, or advances ``clock``); records the batches
+    it saw. With ``gate`` set, forward first waits (real time) until the test opens it; ``entered`` is set when a
+    forward has begun."""
 
     name = "sleepy"
     kind = "primary"
     inputs = (TensorSpec("X", "FP32", (-1,)),)
     outputs = (TensorSpec("Y", "FP32", (-1,)),)
 
-    def __init__(self, base: float = 0.004, per_item: float = 0.001, max_batch_size: int = 8) -> None:
+    def __init__(
+        self, base: float = 0.004, per_item: float = 0.001, max_batch_size: int = 8, clock: FakeClock | None = None
+    ) -> None:
         self.base, self.per_item, self.max_batch_size = base, per_item, max_batch_size
+        self.clock = clock
         self.batches: list[list[Any]] = []
         self.fail_next = False
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
 
     def preprocess(self, request: InferRequest) -> Any:
         return request
 
     def forward(self, items: Sequence[Any]) -> Any:
         self.batches.append(list(items))
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10), "the test never opened the gate"
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("boom")
-        time.sleep(self.base + self.per_item * len(items))
+        self.spend(self.base + self.per_item * len(items))
         return list(items)
+
+    def spend(self, seconds: float) -> None:
+        if self.clock is None:
+            time.sleep(seconds)
+        else:
+            self.clock.advance(seconds * 1e9)
 
     def postprocess(self, raw: Any, n: int) -> list[tuple[Tensor, ...]]:
         return [
@@ -57,6 +82,26 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def on_fake_clock(
+    variant_cls: type[SleepVariant] = SleepVariant, **variant: Any
+) -> tuple[FakeClock, SleepVariant, dict[str, Any]]:
+    """A fake clock, a variant that spends its cost on it, and the keyword the Batcher needs to share it."""
+    clock = FakeClock(10**12)
+    v = variant_cls(clock=clock, **variant)
+    return clock, v, {"clock": clock}
+
+
+async def busy_with(b: Batcher, v: SleepVariant, item: Any, deadline_ns: int) -> asyncio.Future[Any]:
+    """Submit ``item`` with the variant's gate closed and return once its forward has begun: the compute thread
+    is busy until ``v.gate.set()``."""
+    v.gate = threading.Event()
+    v.entered.clear()
+    fut = b.submit(item, deadline_ns)
+    while not v.entered.is_set():
+        await asyncio.sleep(0.001)
+    return fut
+
+
 def test_latency_model_learns_and_interpolates() -> None:
     m = LatencyModel(alpha=0.5)
     assert m.predict(4) == 0.0
@@ -71,10 +116,10 @@ def test_latency_model_learns_and_interpolates() -> None:
 
 def test_burst_fills_batches_to_the_maximum() -> None:
     async def go() -> list[Any]:
-        v = SleepVariant()
-        b = Batcher(v, max_batch_size=4, max_delay_s=0.05, max_queue=100)
+        _, v, clk = on_fake_clock()
+        b = Batcher(v, max_batch_size=4, max_delay_s=0.05, max_queue=100, **clk)
         b.start()
-        far = time.perf_counter_ns() + ms(5000)
+        far = b.now_ns() + ms(5000)
         futs = [b.submit(i, far) for i in range(8)]
         outs = await asyncio.gather(*futs)
         await b.stop()
@@ -84,22 +129,52 @@ def test_burst_fills_batches_to_the_maximum() -> None:
     assert [len(x) for x in batches] == [4, 4]
     assert [o.reason for o in outs] == ["full"] * 8
     assert [float(o.outputs[0].data[0]) for o in outs] == list(range(8))
+    # on the fake clock the second batch queued exactly as long as the first computed (4 + 4 x 1 ms)
+    assert [o.queue_s for o in outs] == [0.0] * 4 + [pytest.approx(0.008)] * 4
+    assert all(o.compute_s == pytest.approx(0.008) for o in outs)
 
 
 def test_idle_batcher_releases_a_lone_request_at_once() -> None:
     async def go() -> Any:
-        b = Batcher(SleepVariant(), max_batch_size=8, max_delay_s=0.03, max_queue=100)
+        _, v, clk = on_fake_clock()
+        b = Batcher(v, max_batch_size=8, max_delay_s=0.03, max_queue=100, **clk)
         b.start()
-        out = await b.submit(1, time.perf_counter_ns() + ms(5000))
+        out = await b.submit(1, b.now_ns() + ms(5000))
         await b.stop()
         return out
 
     out = run(go())
     assert out.reason == "idle"  # nothing else is expected within 30 ms: waiting would only add latency
-    assert out.queue_s < 0.005
+    assert out.queue_s == 0.0
 
 
-def test_lone_request_released_after_max_delay_under_traffic() -> None:
+def test_release_plan_waits_max_delay_under_traffic_and_less_for_a_deadline() -> None:
+    """The release plan on a fake clock: under traffic a lone request waits the queue delay ("timeout"); a
+    deadline that the delay would break releases it at deadline - predicted compute - margin ("deadline")."""
+    clock, v, clk = on_fake_clock(base=0.005, per_item=0.0)
+    b = Batcher(v, max_batch_size=8, max_delay_s=0.03, max_queue=100, **clk)
+    b.warmup([1, 2])  # teaches the model 5 ms per batch
+    assert b.predict(0, 1) == b.predict(0, 2) == pytest.approx(0.005)
+
+    async def go() -> list[tuple[int, str]]:
+        b._gap_s = 0.002  # as after a stream of arrivals 2 ms apart: a batch is worth waiting for
+        t0 = clock.now_ns
+        b.submit(1, t0 + ms(5000))  # not started: only the plan is looked at
+        plans = [b._release_at(t0)]
+        b.submit(2, t0 + ms(20))
+        plans.append(b._release_at(t0))
+        await b.stop()
+        return [(at - t0, why) for at, why in plans]
+
+    assert run(go()) == [(ms(30), "timeout"), (ms(20 - 5) - b.margin_ns, "deadline")]
+
+
+def test_lone_request_released_after_max_delay_in_real_time(machine_noise: Noise) -> None:
+    """The release timer itself (real clock): a lone request under traffic leaves the queue after the 30-ms
+    delay, not before, and not much after."""
+    limits = {"stolen": 0.5, "wake_late_ms": 3.0}
+    machine_noise.require("a 30-ms release timer to 15 ms", **limits)
+
     async def go() -> tuple[Any, float]:
         b = Batcher(SleepVariant(), max_batch_size=8, max_delay_s=0.03, max_queue=100)
         b._gap_s = 0.002  # as after a stream of arrivals 2 ms apart: a batch is worth waiting for
@@ -113,11 +188,17 @@ def test_lone_request_released_after_max_delay_under_traffic() -> None:
     out, dt = run(go())
     assert out.reason == "timeout"
     assert out.batch_size == 1
-    assert 0.03 <= out.queue_s < 0.045
+    assert out.queue_s >= 0.03
     assert dt >= 0.035  # 30 ms wait + 5 ms compute
+    if out.queue_s >= 0.045:
+        machine_noise.recheck("a 30-ms release timer to 15 ms", **limits)
+    assert out.queue_s < 0.045
 
 
-def test_tight_deadline_releases_early_and_is_met() -> None:
+def test_tight_deadline_releases_early_and_is_met_in_real_time(machine_noise: Noise) -> None:
+    limits = {"stolen": 0.5, "wake_late_ms": 2.0}
+    machine_noise.require("a deadline 20 ms away to 2 ms", **limits)
+
     async def go() -> tuple[Any, float]:
         v = SleepVariant(base=0.005, per_item=0.0)
         b = Batcher(v, max_batch_size=8, max_delay_s=0.2, max_queue=100)
@@ -133,19 +214,21 @@ def test_tight_deadline_releases_early_and_is_met() -> None:
 
     out, slack_ms = run(go())
     assert out.reason == "deadline"
+    if out.queue_s >= 0.019 or slack_ms < -2.0:
+        machine_noise.recheck("a deadline 20 ms away to 2 ms", **limits)
     assert out.queue_s < 0.019  # released ~ deadline - predicted compute - margin, not after 200 ms
-    assert slack_ms >= -2.0  # answered by its deadline (2 ms: sleep overshoot on a busy 2-core machine)
+    assert slack_ms >= -2.0  # answered by its deadline (2 ms: sleep overshoot)
 
 
 def test_earliest_deadline_first() -> None:
     async def go() -> list[Any]:
-        v = SleepVariant(base=0.02, per_item=0.0, max_batch_size=1)
-        b = Batcher(v, max_batch_size=1, max_delay_s=0.001, max_queue=100)
+        _, v, clk = on_fake_clock(base=0.02, per_item=0.0, max_batch_size=1)
+        b = Batcher(v, max_batch_size=1, max_delay_s=0.001, max_queue=100, **clk)
         b.start()
-        now = time.perf_counter_ns()
-        first = b.submit("busy", now + ms(5000))  # occupies the compute thread for 20 ms
-        await asyncio.sleep(0.005)
+        now = b.now_ns()
+        first = await busy_with(b, v, "busy", now + ms(5000))  # holds the compute thread
         futs = [b.submit(name, now + ms(d)) for name, d in (("late", 3000), ("soon", 500), ("mid", 1000))]
+        v.gate.set()  # type: ignore[union-attr]
         await asyncio.gather(first, *futs)
         await b.stop()
         return [x[0] for x in v.batches]
@@ -155,20 +238,23 @@ def test_earliest_deadline_first() -> None:
 
 def test_admission_sheds_full_queue_and_infeasible_deadline() -> None:
     async def go() -> list[str]:
-        v = SleepVariant(base=0.05, per_item=0.0)
-        b = Batcher(v, max_batch_size=2, max_delay_s=0.001, max_queue=3)
+        _, v, clk = on_fake_clock(base=0.05, per_item=0.0)
+        b = Batcher(v, max_batch_size=2, max_delay_s=0.001, max_queue=3, **clk)
         b.warmup([1, 2])
         reasons = []
-        now = time.perf_counter_ns()
+        now = b.now_ns()
+        b.admit(now + ms(54), now)  # 50 ms of compute + 3 ms margin fit in 54 ms
+        b.unreserve()
         with pytest.raises(Shed) as e1:
-            b.admit(now + ms(10), now)  # needs ~50 ms of compute
+            b.admit(now + ms(52), now)  # ... not in 52
         reasons.append(e1.value.reason)
+        assert e1.value.retry_after_s == pytest.approx(0.1)  # at least 0.1 s (the finish is 53 ms away)
         for i in range(3):
             b.submit(i, now + ms(5000))
         with pytest.raises(Shed) as e2:
             b.admit(now + ms(5000), now)
         reasons.append(e2.value.reason)
-        assert e2.value.retry_after_s > 0
+        assert e2.value.retry_after_s == pytest.approx(0.1)  # 3 queued in batches of 2 at 50 ms: 75 ms -> 0.1
         await b.stop()
         return reasons
 
@@ -177,13 +263,13 @@ def test_admission_sheds_full_queue_and_infeasible_deadline() -> None:
 
 def test_model_failure_fails_its_batch_only() -> None:
     async def go() -> tuple[bool, float]:
-        v = SleepVariant()
-        b = Batcher(v, max_batch_size=4, max_delay_s=0.001, max_queue=100)
+        _, v, clk = on_fake_clock()
+        b = Batcher(v, max_batch_size=4, max_delay_s=0.001, max_queue=100, **clk)
         b.start()
         v.fail_next = True
         with pytest.raises(ModelFailure, match="RuntimeError: boom"):
-            await b.submit(1, time.perf_counter_ns() + ms(5000))
-        out = await b.submit(2, time.perf_counter_ns() + ms(5000))
+            await b.submit(1, b.now_ns() + ms(5000))
+        out = await b.submit(2, b.now_ns() + ms(5000))
         await b.stop()
         return True, float(out.outputs[0].data[0])
 
@@ -191,21 +277,21 @@ def test_model_failure_fails_its_batch_only() -> None:
 
 
 def test_request_past_its_deadline_in_the_queue_is_not_computed() -> None:
-    async def go() -> list[Any]:
-        v = SleepVariant(base=0.08, per_item=0.0, max_batch_size=1)
-        b = Batcher(v, max_batch_size=1, max_delay_s=0.001, max_queue=100)
+    async def go() -> tuple[list[Any], str]:
+        _, v, clk = on_fake_clock(base=0.08, per_item=0.0, max_batch_size=1)
+        b = Batcher(v, max_batch_size=1, max_delay_s=0.001, max_queue=100, **clk)
         b.start()
-        now = time.perf_counter_ns()
-        busy = b.submit("busy", now + ms(5000))
-        await asyncio.sleep(0.005)
-        doomed = b.submit("doomed", now + ms(30))  # its deadline passes while "busy" computes
-        with pytest.raises(DeadlineExceeded):
+        now = b.now_ns()
+        busy = await busy_with(b, v, "busy", now + ms(5000))
+        doomed = b.submit("doomed", now + ms(30))  # its deadline passes while "busy" computes (80 ms)
+        v.gate.set()  # type: ignore[union-attr]
+        with pytest.raises(DeadlineExceeded) as e:
             await doomed
         await busy
         await b.stop()
-        return [x[0] for x in v.batches]
+        return [x[0] for x in v.batches], str(e.value)
 
-    assert run(go()) == ["busy"]
+    assert run(go()) == (["busy"], "deadline passed while queued")
 
 
 class SlowPreprocessVariant(SleepVariant):
@@ -214,7 +300,7 @@ class SlowPreprocessVariant(SleepVariant):
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         for n in batch_sizes:
             for _ in range(2):
-                time.sleep(0.03)  # preprocess of the warm-up request
+                self.spend(0.03)  # preprocess of the warm-up request
                 self.forward([0] * n)
 
     def warmup_items(self, n: int) -> list[Any]:
@@ -222,24 +308,25 @@ class SlowPreprocessVariant(SleepVariant):
 
 
 def test_warmup_seeds_compute_time_not_preprocess() -> None:
-    v = SlowPreprocessVariant(base=0.004, per_item=0.0)
-    b = Batcher(v, max_batch_size=1, max_delay_s=0.001, max_queue=4)
+    _, v, clk = on_fake_clock(SlowPreprocessVariant, base=0.004, per_item=0.0)
+    b = Batcher(v, max_batch_size=1, max_delay_s=0.001, max_queue=4, **clk)
     b.warmup([1])
-    # the old seed (half of warm-up) would be ~34 ms; compute alone is ~4 ms
-    assert 0.003 <= b.model.predict(1) < 0.015
+    # the old seed (half of warm-up) would be 34 ms; compute alone is 4 ms
+    assert b.model.predict(1) == pytest.approx(0.004)
     # without warmup_items the variant is charged half its warm-up time (every stage, twice)
-    b2 = Batcher(SleepVariant(base=0.004, per_item=0.0), max_batch_size=1, max_delay_s=0.001, max_queue=4)
+    _, v2, clk2 = on_fake_clock(base=0.004, per_item=0.0)
+    b2 = Batcher(v2, max_batch_size=1, max_delay_s=0.001, max_queue=4, **clk2)
     b2.warmup([1])
-    assert 0.003 <= b2.model.predict(1) < 0.015
+    assert b2.model.predict(1) == pytest.approx(0.004)
 
 
 def test_reservations_count_ahead_until_submitted_or_given_back() -> None:
     async def go() -> list[str]:
-        v = SleepVariant(base=0.02, per_item=0.0)
-        b = Batcher(v, max_batch_size=1, max_delay_s=0.001, max_queue=3)
+        _, v, clk = on_fake_clock(base=0.02, per_item=0.0)
+        b = Batcher(v, max_batch_size=1, max_delay_s=0.001, max_queue=3, **clk)
         b.warmup([1])
         out = []
-        now = time.perf_counter_ns()
+        now = b.now_ns()
         for _ in range(3):  # three admitted, all still preprocessing: nothing in the queue yet
             b.admit(now + ms(5000), now)
         assert len(b) == 0
@@ -248,13 +335,12 @@ def test_reservations_count_ahead_until_submitted_or_given_back() -> None:
         out.append(e1.value.reason)
         b.unreserve()
         b.unreserve()
-        # one reservation left: a request admitted now waits for it (~20 ms) then its own batch (~20 ms)
-        finish = b.predicted_finish_ns(now)
-        assert finish - now > ms(30)
+        # one reservation left: a request admitted now waits for it (20 ms) then its own batch (20 ms)
+        assert b.predicted_finish_ns(now) - now == ms(40)
         with pytest.raises(Shed) as e2:
-            b.admit(now + ms(30), now)
+            b.admit(now + ms(40) + b.margin_ns - 1, now)
         out.append(e2.value.reason)
-        b.admit(now + ms(5000), now, lead_ns=0)
+        b.admit(now + ms(40) + b.margin_ns, now, lead_ns=0)
         with pytest.raises(Shed) as e3:  # lead time (preprocess still to come) counts against the deadline
             b.admit(now + ms(200), now, lead_ns=ms(300))
         out.append(e3.value.reason)
@@ -265,29 +351,34 @@ def test_reservations_count_ahead_until_submitted_or_given_back() -> None:
 
 
 def test_release_fails_fast_whoever_cannot_finish_by_the_deadline() -> None:
-    async def go() -> tuple[list[str], int]:
-        v = SleepVariant(base=0.05, per_item=0.0)
-        b = Batcher(v, max_batch_size=1, max_delay_s=0.0001, max_queue=8)
+    async def go() -> tuple[list[str], str, int]:
+        _, v, clk = on_fake_clock(base=0.05, per_item=0.0)
+        b = Batcher(v, max_batch_size=1, max_delay_s=0.0001, max_queue=8, **clk)
         b.warmup([1])
         warm = len(v.batches)
         b.start()
-        now = time.perf_counter_ns()
-        first = b.submit(1, now + ms(5000))  # occupies the compute thread for ~50 ms
-        await asyncio.sleep(0.005)
-        # admitted earlier with a deadline that was feasible then; after waiting ~45 ms behind the first
-        # batch it can no longer finish its own ~50 ms of compute by its deadline (now + 70 ms)
+        now = b.now_ns()
+        first = await busy_with(b, v, 1, now + ms(5000))  # occupies the compute thread for 50 ms
+        # admitted earlier with a deadline that was feasible then; after waiting 50 ms behind the first batch it
+        # can no longer finish its own 50 ms of compute by its deadline (now + 70 ms), which has not passed yet
         doomed = b.submit(2, now + ms(70))
+        v.gate.set()  # type: ignore[union-attr]
         results = await asyncio.gather(first, doomed, return_exceptions=True)
         await b.stop()
         kinds = [type(r).__name__ for r in results]
-        return kinds, len(v.batches) - warm
+        return kinds, str(results[1]), len(v.batches) - warm
 
-    kinds, n_batches = run(go())
+    kinds, why, n_batches = run(go())
     assert kinds == ["BatchOutcome", "DeadlineExceeded"]
+    assert why == "cannot finish by deadline"
     assert n_batches == 1  # the doomed request never spent compute
 
 
-def test_two_workers_run_two_batches_at_once() -> None:
+def test_two_workers_run_two_batches_at_once(machine_noise: Noise) -> None:
+    """Real threads, real sleeps: the point is that two batches really overlap."""
+    limits = {"stolen": 0.5, "wake_late_ms": 5.0}
+    machine_noise.require("two 50-ms batches overlapping, to 70 ms", **limits)
+
     async def go() -> tuple[float, int]:
         v = SleepVariant(base=0.05, per_item=0.0, max_batch_size=1)
         b = Batcher(v, max_batch_size=1, max_delay_s=0.0001, max_queue=16, workers=2)
@@ -305,7 +396,10 @@ def test_two_workers_run_two_batches_at_once() -> None:
 
     took, biggest = run(go())
     assert biggest == 1
-    assert 0.09 <= took < 0.17  # two at a time (one worker would need >= 0.2 s)
+    assert took >= 0.09  # two at a time, two rounds
+    if took >= 0.17:
+        machine_noise.recheck("two 50-ms batches overlapping, to 70 ms", **limits)
+    assert took < 0.17  # one worker would need >= 0.2 s
 
 
 def test_workers_share_the_predicted_backlog() -> None:
@@ -363,20 +457,23 @@ def test_thread_init_runs_in_each_compute_thread() -> None:
 
 
 class BucketVariant(SleepVariant):
-    """Items are (name, tokens); a batch sleeps 0.25 ms per token of its longest item per item, like an
+    """Items are (name, tokens); a batch takes 0.25 ms per token of its longest item per item, plus 1 ms, like an
     encoder whose cost grows with padded length. ``bucket`` is the next power of two >= tokens (min 16)."""
 
     buckets = (16, 32, 64, 128)
 
-    def __init__(self) -> None:
-        super().__init__(base=0.0, per_item=0.0, max_batch_size=8)
+    def __init__(self, clock: FakeClock | None = None) -> None:
+        super().__init__(base=0.0, per_item=0.0, max_batch_size=8, clock=clock)
 
     def bucket(self, item: Any) -> int:
         return max(16, 1 << (item[1] - 1).bit_length())
 
     def forward(self, items: Sequence[Any]) -> Any:
         self.batches.append([x[0] for x in items])
-        time.sleep(0.00025 * max(x[1] for x in items) * len(items) + 0.001)
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10), "the test never opened the gate"
+        self.spend(0.00025 * max(x[1] for x in items) * len(items) + 0.001)
         return [0 for _ in items]
 
     def warmup_items(self, n: int, bucket: int | None = None) -> list[Any]:
@@ -387,45 +484,46 @@ class BucketVariant(SleepVariant):
 
 
 def test_bucketed_latency_model_is_per_bucket() -> None:
-    v = BucketVariant()
-    b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100)
+    _, v, clk = on_fake_clock(BucketVariant)
+    b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100, **clk)
     b.warmup([1, 2, 4])
     assert b.bucketed and set(b._models) >= {16, 32, 64, 128}
-    # 1 ms + 0.25 ms x 96 tokens = 25 ms for one item of bucket 128, 4 ms for bucket 16
-    assert 0.02 <= b.predict(128, 1) < 0.04
-    assert 0.003 <= b.predict(16, 1) < 0.009
-    assert b.predict(128, 1) > 4 * b.predict(16, 1)
+    # warmed on 3/4 of each bucket: 1 ms + 0.25 ms x 96 tokens = 25 ms for one item of bucket 128, 4 ms for 16
+    assert b.predict(128, 1) == pytest.approx(0.025)
+    assert b.predict(16, 1) == pytest.approx(0.004)
+    assert b.predict(16, 3) == pytest.approx((0.007 + 0.013) / 2)  # between the sizes measured (2 and 4)
+    assert b.predict(128, 8) == pytest.approx(2 * 0.097)  # 8 x 128 > 2048 tokens: never run, extrapolated from 4
     assert b.predict(256, 1) == pytest.approx(2 * b.predict(128, 1))  # never measured: scaled from 128
 
 
-def _started_bucket_batcher() -> tuple[BucketVariant, Batcher]:
-    """A warmed, started batcher over BucketVariant (in a running loop), its warm-up batches forgotten."""
-    v = BucketVariant()
-    b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100)
+async def _bucket_batcher_busy() -> tuple[BucketVariant, Batcher, asyncio.Future[Any], int]:
+    """A warmed, started batcher over BucketVariant on a fake clock (its warm-up batches forgotten), its compute
+    thread held by a ("busy", 100) request (26 ms once the gate opens); and the time it was submitted."""
+    _, v, clk = on_fake_clock(BucketVariant)
+    b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100, **clk)
     b.warmup([1, 2, 4])
     v.batches.clear()
     b.start()
-    return v, b
+    now = b.now_ns()
+    busy = await busy_with(b, v, ("busy", 100), now + ms(5000))
+    return v, b, busy, now  # type: ignore[return-value]
 
 
 def test_short_requests_do_not_wait_behind_long_ones() -> None:
     """The worker is busy; then one long request and three short ones queue, the long one first. The short
-    batch (4 ms) runs first: the long one (25 ms) has laxity to spare."""
+    batch (predicted 10 ms) runs first: the long one (25 ms) has laxity to spare."""
 
     async def go() -> list[list[Any]]:
-        v, b = _started_bucket_batcher()
-        now = time.perf_counter_ns()
-        busy = b.submit(("busy", 100), now + ms(5000))  # ~26 ms on the worker
-        await asyncio.sleep(0.003)
+        v, b, busy, now = await _bucket_batcher_busy()
         futs = [b.submit(("long", 100), now + ms(1000))]
         futs += [b.submit((f"short{i}", 10), now + ms(1000)) for i in range(3)]
+        v.gate.set()  # type: ignore[union-attr]
         await asyncio.gather(busy, *futs)
         await b.stop()
         return v.batches
 
     batches = run(go())
-    assert batches[0] == ["busy"]
-    assert sorted(batches[1]) == ["short0", "short1", "short2"] and batches[2] == ["long"]
+    assert batches == [["busy"], ["short0", "short1", "short2"], ["long"]]
 
 
 def test_a_long_request_about_to_miss_goes_first() -> None:
@@ -433,34 +531,31 @@ def test_a_long_request_about_to_miss_goes_first() -> None:
     first (it can still make it), and the short ones after."""
 
     async def go() -> tuple[list[list[Any]], list[Any]]:
-        v, b = _started_bucket_batcher()
-        now = time.perf_counter_ns()
-        busy = b.submit(("busy", 100), now + ms(5000))
-        await asyncio.sleep(0.003)
-        # busy ends ~27 ms after `now`; the long one then needs ~25 ms + 3 ms margin: a 60-ms deadline
-        # leaves it ~5 ms of laxity at that point, less than the short batch (3 x 12 tokens: ~10 ms) takes
+        v, b, busy, now = await _bucket_batcher_busy()
+        # busy ends 26 ms after `now`; the long one then needs 25 ms (predicted) + 3 ms margin: a 60-ms deadline
+        # leaves it 6 ms of laxity at that point, less than the short batch (3 x 10 tokens: 10 ms) takes
         long = b.submit(("long", 100), now + ms(60))
         shorts = [b.submit((f"short{i}", 10), now + ms(1000)) for i in range(3)]
+        v.gate.set()  # type: ignore[union-attr]
         results = await asyncio.gather(busy, long, *shorts, return_exceptions=True)
         await b.stop()
         return v.batches, results
 
     batches, results = run(go())
-    assert batches[1] == ["long"], batches
+    assert batches == [["busy"], ["long"], ["short0", "short1", "short2"]]
     assert not any(isinstance(r, Exception) for r in results), results
+    assert results[1].queue_s == pytest.approx(0.026) and results[2].queue_s == pytest.approx(0.052)
 
 
 def _long_then_shorts(target_ms: float | None) -> list[list[Any]]:
     """A busy worker, then one long request (deadline 5 s; target ``target_ms`` from now) and three short ones."""
 
     async def go() -> list[list[Any]]:
-        v, b = _started_bucket_batcher()
-        now = time.perf_counter_ns()
-        busy = b.submit(("busy", 100), now + ms(5000))
-        await asyncio.sleep(0.003)
+        v, b, busy, now = await _bucket_batcher_busy()
         target = None if target_ms is None else now + ms(target_ms)
         long = b.submit(("long", 100), now + ms(5000), target_ns=target)
         shorts = [b.submit((f"short{i}", 10), now + ms(5000)) for i in range(3)]
+        v.gate.set()  # type: ignore[union-attr]
         await asyncio.gather(busy, long, *shorts)
         await b.stop()
         return v.batches

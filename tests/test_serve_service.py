@@ -1,10 +1,18 @@
-"""ModelService's request path: a handler's cancellation, a preprocess step past the deadline, bad input."""
+"""ModelService's request path: a handler's cancellation, a preprocess step past the deadline, bad input,
+admission against the preprocess backlog.
+
+No test here races a sleep: where a step must still be running while the test acts, the variant holds it at a
+gate the test opens; where a duration matters, the service runs on a ``FakeClock``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -19,37 +27,75 @@ from latencylab.serve.types import InferRequest
 BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
 
 
+class Gated(FakeVariant):
+    """A fake variant whose forward (with ``hold_preprocess``: preprocess instead) waits while the test keeps
+    ``gate`` closed (it starts open, for the warm-up); ``entered`` is set once one has begun."""
+
+    def __init__(self, *args: Any, hold_preprocess: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.hold_preprocess = hold_preprocess
+
+    def _hold(self) -> None:
+        self.entered.set()
+        assert self.gate.wait(10), "the test never opened the gate"
+
+    def preprocess(self, request: InferRequest) -> Any:
+        if self.hold_preprocess:
+            self._hold()
+        return super().preprocess(request)
+
+    def forward(self, items: Sequence[Any]) -> Any:
+        if not self.hold_preprocess:
+            self._hold()
+        return super().forward(items)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Yield to the loop (real time) until ``condition()`` holds."""
+    give_up = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < give_up, "the condition never held"
+        await asyncio.sleep(0.001)
+
+
 def test_a_handler_cancelled_while_queued_takes_its_item_out_of_the_batch() -> None:
     """The handler awaits the batcher's future itself (no shield): a client that goes away while its request
     waits for the compute thread cancels the item, and the batcher skips it rather than computing an answer
     nobody reads. The request ahead of it is answered as usual."""
-    variant = FakeVariant("fp32", 0.2)  # long enough that a busy machine cannot reorder the steps below
+    variant = Gated("fp32", 0.001)
     cfg = ServerConfig(
         models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make", max_batch_size=1),)
     )
     state = build_state(cfg, {"fake": [variant]})
     svc = state.services["fake"]
+    batcher = svc.batchers[0]
     body = protocol.parse_infer_request(json.dumps(BODY).encode(), "fake", None, svc.inputs)
 
-    async def go() -> tuple[int, bool]:
+    async def go() -> tuple[list[int], bool]:
         await svc.start()
         try:
             variant.batch_sizes.clear()
-            first = asyncio.create_task(svc.infer(body, Timing(time.perf_counter_ns())))
-            await asyncio.sleep(0.015)  # the first is computing (200 ms); the second will queue behind it
-            second = asyncio.create_task(svc.infer(body, Timing(time.perf_counter_ns())))
-            await asyncio.sleep(0.015)
+            variant.entered.clear()
+            variant.gate.clear()
+            first = asyncio.create_task(svc.infer(body, Timing(svc.now_ns())))
+            await until(variant.entered.is_set)  # the first is computing, held at the gate
+            second = asyncio.create_task(svc.infer(body, Timing(svc.now_ns())))
+            await until(lambda: len(batcher) == 1)  # the second is queued behind it
             second.cancel()
+            variant.gate.set()
             resp, _ = await first
-            await asyncio.sleep(0.3)  # time enough for a second batch, had the item stayed queued
-            return len(variant.batch_sizes), second.cancelled() and resp.outputs is not None
+            await until(lambda: len(batcher) == 0 and not batcher._running)  # the batcher has moved past it
+            return variant.batch_sizes, second.cancelled() and resp.outputs is not None
         finally:
             await svc.stop()
 
     batches, ok = asyncio.run(go())
     assert ok
-    assert batches == 1
-    assert svc.in_flight == 0 and len(svc.batchers[0]) == 0
+    assert batches == [1]  # the cancelled item was never computed
+    assert svc.in_flight == 0 and len(batcher) == 0
 
 
 def _service(variant: FakeVariant) -> tuple[ModelService, InferRequest]:
@@ -62,34 +108,38 @@ def _service(variant: FakeVariant) -> tuple[ModelService, InferRequest]:
 
 def test_a_preprocess_slower_than_the_deadline_is_answered_504_at_the_deadline() -> None:
     """The deadline's timer runs from admission, preprocessing included: a stuck preprocess step answers 504
-    when the deadline passes, not when the step returns; its late item is dropped, never computed, and its
-    admission reservation is released."""
-    variant = FakeVariant("fp32", 0.001)
+    when the deadline passes, while the step is still stuck (not when it returns); its late item is dropped,
+    never computed, and its admission reservation is released."""
+    variant = Gated("fp32", 0.001, hold_preprocess=True)
     svc, _ = _service(variant)
     slow = protocol.parse_infer_request(
         json.dumps({**BODY, "parameters": {"deadline_ms": 60}}).encode(), "fake", None, svc.inputs
     )
 
-    async def go() -> tuple[int, float, int]:
+    async def go() -> tuple[int, bool, int]:
         await svc.start()
         try:
             variant.batch_sizes.clear()
-            variant.pre_delay_s = 0.4
-            t0 = time.perf_counter()
+            variant.gate.clear()
+            safety = threading.Timer(10.0, variant.gate.set)  # a service that waits for the step gets it back
+            safety.start()
             try:
-                await svc.infer(slow, Timing(time.perf_counter_ns()))
+                await svc.infer(slow, Timing(svc.now_ns()))
                 status = 200
             except ServiceError as exc:
                 status = exc.status
-            took = time.perf_counter() - t0
-            await asyncio.sleep(0.5)  # the preprocess step returns meanwhile
-            return status, took, len(variant.batch_sizes)
+            still_stuck = not variant.gate.is_set()
+            safety.cancel()
+            variant.gate.set()  # the preprocess step returns now, after the answer
+            await until(lambda: svc.preprocessing == 0)
+            await asyncio.sleep(0.05)  # a dropped item must stay dropped (a queued one would run at once)
+            return status, still_stuck, len(variant.batch_sizes)
         finally:
             await svc.stop()
 
-    status, took, batches = asyncio.run(go())
+    status, still_stuck, batches = asyncio.run(go())
     assert status == 504
-    assert took < 0.3, f"answered after {took * 1e3:.0f} ms: it waited for the 400-ms preprocess step"
+    assert still_stuck, "the 504 came only once the preprocess step returned"
     assert batches == 0
     batcher = svc.batchers[0]
     assert len(batcher) == 0 and batcher._reserved == 0 and svc.preprocessing == 0 and svc.in_flight == 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from fake_variants import FakeVariant
+from latencylab.clock import FakeClock
 from latencylab.serve.app import build_state, lifespan_app
 from latencylab.serve.config import ModelConfig, ServerConfig
 from latencylab.serve.slack import BoundarySlack
@@ -55,14 +55,14 @@ def test_bad_slack_settings() -> None:
 class _SometimesSlow(FakeVariant):
     """Every 4th batch takes 15 ms more than the others: the latency model's mean cannot predict which."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name, 0.002)
+    def __init__(self, name: str, clock: FakeClock) -> None:
+        super().__init__(name, 0.002, clock=clock)
         self.calls = 0
 
     def forward(self, items: Sequence[Any]) -> Any:
         self.calls += 1
         if self.calls % 4 == 0:
-            time.sleep(0.015)
+            self._spend(0.015)
         return super().forward(items)
 
 
@@ -70,10 +70,12 @@ def test_a_late_tail_tightens_admission_until_it_fits() -> None:
     """A quarter of the batches take 15 ms longer than the others; every request has a 12-ms deadline. The
     prediction (a few ms) admits them all at first, near the boundary, and a quarter finish late; the slack
     (their errors' p99) rises until admission refuses what it cannot finish in time. A 200-ms deadline is still
-    served."""
-    variant = _SometimesSlow("fp32")
+    served. On a fake clock (the variant's costs advance it), so every error the slack learns is the variant's,
+    none the machine's."""
+    clock = FakeClock()
+    variant = _SometimesSlow("fp32", clock)
     cfg = ServerConfig(models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make"),))
-    state = build_state(cfg, {"fake": [variant]})
+    state = build_state(cfg, {"fake": [variant]}, clock=clock)
     svc = state.services["fake"]
     url = "/v2/models/fake/versions/fp32/infer"
     gauge = 'latencylab_server_admission_slack_seconds{model="fake",variant="fp32"}'

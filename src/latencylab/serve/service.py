@@ -292,21 +292,30 @@ class ModelService:
         straight to the batcher (one callback on the loop), not back to this coroutine first: under load every
         pass through the event loop waits behind all other ready callbacks, and this saves one per request.
         The batcher answers (or fails fast) by the deadline; one timer covers a batcher that cannot (not
-        wait_for(shield(fut)): each of those layers adds a pass too). A handler cancelled by its client
-        cancels its item, queued or not yet (the batcher skips done items; a late preprocess result is dropped).
+        wait_for(shield(fut)): each of those layers adds a pass too); it fires on the loop's time but expires the
+        request only once the service's clock has passed the deadline (else it re-arms: a test's FakeClock
+        decides). A handler cancelled by its client cancels its item, queued or not yet (the batcher skips done
+        items; a late preprocess result is dropped).
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[BatchOutcome] = loop.create_future()
         expired = False
+        timer: asyncio.TimerHandle
+
+        def arm() -> asyncio.TimerHandle:
+            return loop.call_later(max(0.0, (deadline_ns - self.now_ns()) / 1e9) + 0.005, expire)
 
         def expire() -> None:
-            nonlocal expired
-            if not fut.done():
-                expired = True
-                fut.cancel()
+            nonlocal expired, timer
+            if fut.done():
+                return
+            if self.now_ns() < deadline_ns:  # the loop's timer ran ahead of the service's clock (a FakeClock)
+                timer = arm()
+                return
+            expired = True
+            fut.cancel()
 
-        remaining = max(0.0, (deadline_ns - self.now_ns()) / 1e9)
-        timer = loop.call_later(remaining + 0.005, expire)
+        timer = arm()
         try:
             self._preprocess_then_submit(loop, batcher, request, timing, deadline_ns, fut)
             return await fut
