@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy.stats import fisher_exact, mannwhitneyu
 
+from conftest import Noise
 from latencylab.cli import main
 from latencylab.compare import stats as cstats
 from latencylab.compare.core import Comparison, Gate, compare_docs, compare_files, compare_series
@@ -264,7 +265,9 @@ def load_doc(seed: int, scale: float = 1.0, n: int = 20_000, errors: int = 20, s
 
 # ------------------------------------------------------------------------------------------ profile results
 def test_profile_comparison_flags_the_regressed_stage(profile_files: dict[str, Path]) -> None:
-    c = compare_files(profile_files["base"], profile_files["slow"], gates=["forward:p50>+5%", "preprocess:p50>+1%"])
+    gates = ["forward:p50>+5%", "preprocess:p50>+1%"]
+    c = compare_files(profile_files["base"], profile_files["slow"], gates=gates, strict=True)
+    assert c.level == "iteration"
     assert [s.name for s in c.series] == ["end-to-end", "preprocess", "forward"]
     fwd = c.find("forward").metric("p50")
     assert fwd.flagged and fwd.rel == pytest.approx(0.10, abs=0.03)
@@ -273,6 +276,10 @@ def test_profile_comparison_flags_the_regressed_stage(profile_files: dict[str, P
     assert [g.fired for g in c.gates] == [True, False]
     assert c.exit_code == 1
     assert any(d.path == "pipeline.forward_scale" for d in c.config)
+    # Without --strict the same evidence (one run a side) leaves the gate undecided: exit 0.
+    lenient = compare_files(profile_files["base"], profile_files["slow"], gates=gates)
+    assert [(g.fired, g.undecided) for g in lenient.gates] == [(False, True), (False, False)]
+    assert lenient.exit_code == 0 and "one run a side" in lenient.gates[0].why
 
 
 def test_profile_comparison_of_one_configuration_flags_nothing(profile_files: dict[str, Path]) -> None:
@@ -298,10 +305,18 @@ def test_env_differences_that_matter_are_shown(
 def test_cli_gate_fires_with_exit_1_and_figures(
     profile_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main(["compare", str(profile_files["base"]), str(profile_files["slow"]), "--fail-if", "p50>+5%"])
+    args = ["compare", str(profile_files["base"]), str(profile_files["slow"]), "--fail-if", "p50>+5%"]
+    assert main(args) == 0  # one run a side: undecided, not failed
+    out = capsys.readouterr().out
+    assert "undecided p50>+5%: beyond +5% and significant: end-to-end p50" in out
+    assert "    but one run a side: the within-run statistics cannot separate a change" in out
+    assert "compare: 1 gate(s) undecided, not failed: p50>+5%" in out
+    assert "level: one run a side." in out
+    rc = main([*args, "--strict"])
     out = capsys.readouterr().out
     assert rc == 1
-    line = next(x for x in out.splitlines() if "FAIL p50>+5%" in x)
+    line = next(x for x in out.splitlines() if "FAIL p50>+5% (--strict): " in x)
+    assert "    undecided without --strict: one run a side" in out
     assert "end-to-end p50" in line and "95% CI" in line and "p<" in line
     assert "compare: 1 gate(s) fired: p50>+5%" in out
     assert "slower" in out
@@ -378,7 +393,7 @@ def test_json_output_round_trips(profile_files: dict[str, Path], tmp_path: Path)
 def test_load_comparison_from_histograms() -> None:
     base = load_doc(10)
     slow = load_doc(11, scale=1.10, errors=150, seconds=10.0)
-    c = compare_docs(base, slow, gates=[Gate.parse("p50>+5%"), Gate.parse("error_rate>+0.2pp")])
+    c = compare_docs(base, slow, gates=[Gate.parse("p50>+5%"), Gate.parse("error_rate>+0.2pp")], strict=True)
     assert c.result_kind == "load"
     assert [s.name for s in c.series] == ["latency", "uncorrected"]
     lat = c.find("latency")
@@ -408,10 +423,13 @@ def test_load_aa_comparison_flags_nothing(capsys: pytest.CaptureFixture[str], tm
 def test_load_throughput_drop_fires_its_gate() -> None:
     base = load_doc(30, n=20_000, seconds=10.0)
     fewer = load_doc(31, n=18_000, errors=18, seconds=10.0)  # 1800/s instead of 2000/s
-    c = compare_docs(base, fewer, gates=[Gate.parse("throughput<-5%"), Gate.parse("throughput<-20%")])
+    c = compare_docs(base, fewer, gates=[Gate.parse("throughput<-5%"), Gate.parse("throughput<-20%")], strict=True)
     thr = next(r for r in c.rates if r.metric == "throughput")
     assert thr.rel == pytest.approx(-0.10) and thr.significant
     assert [g.fired for g in c.gates] == [True, False]
+    # One load run a side: without --strict the drop is undecided (the machine may have moved between runs).
+    c = compare_docs(base, fewer, gates=[Gate.parse("throughput<-5%")])
+    assert c.gates[0].undecided and not c.gates[0].fired and c.exit_code == 0
 
 
 # ------------------------------------------------------------------------------------------ real runs
@@ -439,25 +457,29 @@ def test_two_real_runs_of_one_configuration_do_not_differ(
     rc = main(["compare", str(real_runs["a"]), str(real_runs["b"]), *(x for g in gates for x in ("--fail-if", g))])
     out = capsys.readouterr().out
     assert rc == 0, out
-    c = compare_files(real_runs["a"], real_runs["b"])
-    # The claim is about what a CI gate looks at. Each flag is a test at alpha 0.05 with no correction for
-    # multiplicity, and two real runs do differ a little (a clean-clone run flagged postprocess p90 at -1.3%,
-    # a stage no gate watches), so asserting "no flag anywhere" would fail by design now and then.
-    watched = {("end-to-end", "p50"), ("end-to-end", "p90"), ("forward", "p50"), ("preprocess", "p50")}
-    flagged = [(s.name, m.metric) for s in c.series for m in s.metrics if m.flagged and (s.name, m.metric) in watched]
-    assert flagged == [], out
-    assert {name for name, _ in watched} <= {s.name for s in c.series}  # the watched series exist under these names
+    c = compare_files(real_runs["a"], real_runs["b"], gates=gates)
+    # One run a side: the within-run tests may call a real difference between the two runs significant (on a
+    # busy machine they do: issue 23, and a run here once flagged p90 +2.6%), but that difference is the
+    # machine's as much as the program's, so such a gate is undecided and never fails the build.
+    assert c.level == "iteration" and not c.failed
+    assert all(g.undecided for g in c.gates if g.beyond and g.significant)
+    assert {g.series for g in c.gates} == {"end-to-end", "forward", "preprocess"}  # the gated series exist
 
 
 def test_real_run_with_a_10pct_slower_forward_is_flagged(
-    real_runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    real_runs: dict[str, Path], capsys: pytest.CaptureFixture[str], machine_noise: Noise
 ) -> None:
     capsys.readouterr()
-    rc = main(["compare", str(real_runs["a"]), str(real_runs["slow"]), "--fail-if", "forward:p50>+5%"])
+    rc = main(["compare", str(real_runs["a"]), str(real_runs["slow"]), "--fail-if", "forward:p50>+5%", "--strict"])
     out = capsys.readouterr().out
-    assert rc == 1, out
     c = compare_files(real_runs["a"], real_runs["slow"])
     fwd = c.find("forward").metric("p50")
+    judged = rc == 1 and fwd.flagged and abs((fwd.rel or 0) - 0.10) <= 0.015
+    if not judged:
+        # One run a side is at the machine's mercy (issue 23; the interleaved gate is tested in
+        # test_compare_runs.py): a failure counts only if the machine was quiet.
+        machine_noise.recheck("a +10% stage change between two single runs", stolen=0.05)
+    assert rc == 1, out
     assert fwd.flagged and fwd.rel == pytest.approx(0.10, abs=0.015)
     assert not c.find("preprocess").metric("p50").flagged
     assert any("forward.a_ns" in d.path for d in c.config)

@@ -130,7 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("--find-capacity", action="store_true", help="search the highest rate meeting --slo")
     ld.add_argument("--start-rate", type=_positive_float, default=10.0)
     ld.add_argument("--max-rate", type=_positive_float, default=100_000.0)
-    ld.add_argument("--step-duration", type=_positive_float, default=10.0, help="seconds per capacity step")
+    ld.add_argument(
+        "--step-duration", type=_positive_float, default=8.0,
+        help="seconds per capacity chunk: a step runs 3 to --max-chunks of them until its verdict is decided",
+    )  # fmt: skip
+    ld.add_argument("--max-chunks", type=_positive_int, default=8, help="capacity: chunks per step at most")
+    ld.add_argument("--warmup", type=float, default=2.0, help="capacity: seconds left out at each chunk's start")
+    ld.add_argument("--repeat", type=_positive_int, default=1, help="capacity: K searches; median and min-max")
     ld.add_argument("--precision", type=_fraction, default=0.05, help="capacity bracket width (relative)")
     ld.add_argument("--token", help="bearer token sent as Authorization header")
     ld.add_argument(
@@ -172,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="count deadlines from the X-Request-Start header when a request has one (default on)",
+    )
+    sv.add_argument(
+        "--timeline",
+        metavar="PATH",
+        help="write the SLO guard's ladder over time (JSON for `latencylab report`), every 30 s and on shutdown",
     )
 
     op = sub.add_parser("optimize", help="search optimisation variants; keep the fastest inside the accuracy budget")
