@@ -88,3 +88,31 @@ def make(names: Sequence[str], max_batch_size: int, device: str) -> list[FakeVar
         FakeVariant(n, float(os.environ.get(f"FAKE_DELAY_MS_{n.upper()}", "2")) / 1e3, max_batch_size=max_batch_size)
         for n in names
     ]
+
+
+class BucketedFakeVariant(FakeVariant):
+    """A fake variant with cost buckets, like text's padded lengths: an item's bucket is the smallest of
+    ``buckets`` holding its "tokens" (the first value of its X), and a batch of n items of bucket b costs
+    ``per_item_s[b] * n`` (spent on the clock)."""
+
+    buckets = (16, 256)
+
+    def __init__(self, name: str, per_item_s: dict[int, float], clock: FakeClock | None = None, **kw: Any) -> None:
+        super().__init__(name, 0.0, clock=clock, **kw)
+        self.per_item_s = dict(per_item_s)
+
+    def bucket(self, item: Any) -> int:
+        tokens = float(np.asarray(item).flat[0])
+        return next((b for b in self.buckets if tokens <= b), self.buckets[-1])
+
+    def forward(self, items: Sequence[Any]) -> Any:
+        self.batch_sizes.append(len(items))
+        self._spend(self.per_item_s[self.bucket(items[0])] * len(items))
+        return [x * self.scale for x in items]
+
+    def warmup_items(self, n: int, bucket: int | None = None) -> list[Any]:
+        tokens = self.buckets[0] * 3 // 4 if bucket is None else bucket * 3 // 4
+        return [np.full((1, 4), tokens, dtype=np.float32) for _ in range(n)]
+
+    def warmup(self, batch_sizes: Sequence[int]) -> None:
+        pass

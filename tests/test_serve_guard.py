@@ -548,3 +548,49 @@ def test_webhook_swallows_a_refused_connection(no_proxy: None, caplog: pytest.Lo
 def test_webhook_wants_an_http_url(url: str) -> None:
     with pytest.raises(LatencyLabError):
         webhook_notifier(url)
+
+
+def _idle(g: SloGuard, clock: FakeClock, seconds: float) -> list[Transition]:
+    """No traffic at all for ``seconds``: only the periodic evaluation (every 100 ms)."""
+    made = []
+    for _ in range(round(seconds * 10)):
+        clock.advance(100 * MS)
+        t = g.evaluate()
+        if t is not None:
+            made.append(t)
+    return made
+
+
+def test_a_quiet_server_steps_back_up_to_the_top_and_clears_the_alarm() -> None:
+    """After a burst the guard sat on the cache rung, alarm raised, for as long as no traffic came (probes come
+    only with traffic). Now a whole window (10 s) at a level with too few samples to have stepped down on is no
+    evidence of a breach: one level up per window, back to the top, alarm cleared."""
+    g, clock, alarms = make()
+    for _ in range(3):
+        step_down(g, clock)
+    assert g.level_name == "cache" and g.alarm_active
+    entered = clock.now_ns
+    made = _idle(g, clock, 35.0)
+    assert [(t.from_level, t.to_level) for t in made] == [(3, 2), (2, 1), (1, 0)]
+    assert [round(t.at_s - entered / 1e9, 6) for t in made] == [10.0, 20.0, 30.0]  # a full window at each level
+    assert all(t.reason.startswith("quiet: 0 request(s)") and t.quantile_ms is None for t in made)
+    assert not g.alarm_active and [a.active for a in alarms] == [True, False]
+
+
+def test_quiet_recovery_needs_too_few_samples_and_no_slow_probe() -> None:
+    """Traffic enough to judge (min_samples in the window) keeps the guard where it is, as does a probe of the
+    level above that breaches the SLO; below min_samples with healthy (or no) probes, it steps up."""
+    g, clock, _ = make(min_samples=10)
+    step_down(g, clock)
+    for _ in range(100):  # 10 samples per second at level 1, healthy: judged by the rules, no quiet step
+        clock.advance(100 * MS)
+        g.observe(1, 20 * MS)
+        assert g.evaluate() is None
+    g2, clock2, _ = make(min_samples=10)
+    step_down(g2, clock2)
+    clock2.advance(11 * S)
+    g2.observe(0, 500 * MS, probe=True)  # the level above is still slow
+    assert g2.evaluate() is None and g2.level == 1
+    clock2.advance(10 * S)  # that probe has left the window too
+    t = g2.evaluate()
+    assert t is not None and (t.from_level, t.to_level) == (1, 0)

@@ -246,3 +246,143 @@ def test_admission_counts_the_preprocess_backlog() -> None:
     assert b'latencylab_server_shed_total{model="fake",reason="deadline"} 24.0' in svc.metrics.exposition()
     batcher = svc.batchers[0]
     assert batcher._reserved == 0 and svc.preprocessing == 0 and svc.in_flight == 0
+
+
+def _fake_service(variant: Any, clock: FakeClock, **model: Any) -> ModelService:
+    """One model over ``variant`` on ``clock``, preprocessing inline (each request's admission, preprocessing and
+    queueing happen in order, before the batcher runs)."""
+    cfg = ServerConfig(
+        models=(ModelConfig(name="fake", ladder=(variant.name,), factory="fake_variants:make", **model),),
+        preprocess_threads=0,
+    )
+    return build_state(cfg, {"fake": [variant]}, clock=clock).services["fake"]
+
+
+def _request(svc: ModelService, x: float, deadline_ms: float) -> InferRequest:
+    body = {"inputs": [{**BODY["inputs"][0], "data": [x, 2, 3, 4]}], "parameters": {"deadline_ms": deadline_ms}}
+    return protocol.parse_infer_request(json.dumps(body).encode(), "fake", None, svc.inputs)
+
+
+def _codes(results: Sequence[Any]) -> list[int]:
+    return [200 if not isinstance(r, BaseException) else getattr(r, "status", -1) for r in results]
+
+
+def _burst(svc: ModelService, clock: FakeClock, reqs: Sequence[InferRequest]) -> tuple[list[int], list[Any]]:
+    """All ``reqs`` at one instant; (status codes, results) in order."""
+
+    async def go() -> list[Any]:
+        await svc.start()
+        try:
+            now = clock.now_ns
+            return await asyncio.gather(*[svc.infer(r, Timing(now)) for r in reqs], return_exceptions=True)
+        finally:
+            await svc.stop()
+
+    results = asyncio.run(go())
+    return _codes(results), results
+
+
+@pytest.mark.parametrize(("fraction", "admitted"), [(0.9, 8), (1.0, 9)])
+def test_admission_aims_at_the_slo_target_fraction(fraction: float, admitted: int) -> None:
+    """SLO 100 ms and deadline 100 ms, a 10-ms batch of one, 12 requests at once: the k-th (from 0) is predicted
+    to finish at 10 (k + 1) ms + the 3-ms margin. Admission aims at slo_target_fraction x 100 ms: at 0.9, k <= 7
+    fit 90 ms (8 answered, the last at 80 ms); at 1.0, k <= 8 fit 100 ms (9). The gauge says which."""
+    clock = FakeClock()
+    svc = _fake_service(FakeVariant("fp32", 0.01, clock=clock), clock, max_batch_size=1, slo_target_fraction=fraction)
+    codes, _results = _burst(svc, clock, [_request(svc, 1, 100)] * 12)
+    assert codes == [200] * admitted + [503] * (12 - admitted), codes
+    assert f'latencylab_server_slo_target_fraction{{model="fake"}} {fraction}'.encode() in svc.metrics.exposition()
+
+
+def test_goodput_under_the_target_is_not_refused() -> None:
+    """Below the target nothing is refused: 8 requests at once, the last predicted at 83 ms <= 90 ms (0.9 of the
+    100-ms SLO), all answered, none shed, each inside the SLO."""
+    clock = FakeClock()
+    svc = _fake_service(FakeVariant("fp32", 0.01, clock=clock), clock, max_batch_size=1)
+    start = clock.now_ns
+    ends: list[int] = []
+
+    async def go() -> list[Any]:
+        await svc.start()
+        try:
+
+            async def one() -> Any:
+                out = await svc.infer(_request(svc, 1, 100), Timing(start))
+                ends.append(clock.now_ns)
+                return out
+
+            return await asyncio.gather(*[one() for _ in range(8)], return_exceptions=True)
+        finally:
+            await svc.stop()
+
+    assert _codes(asyncio.run(go())) == [200] * 8
+    assert b'latencylab_server_shed_total{model="fake"' not in svc.metrics.exposition()  # never incremented
+    assert max(ends) - start == 80_000_000  # eight 10-ms batches back to back
+
+
+def test_admission_is_checked_again_in_the_requests_own_cost_bucket() -> None:
+    """Text-like buckets: a long item costs 120 ms per item, a short one 1 ms; batches of up to 8; 11 long items
+    with a 1-s deadline at once. Admission before preprocessing (bucket unknown) admitted 9 of them, and the
+    ninth, released after the first batch of 8 (960 ms), failed at release with 504 (1080 ms > 1 s). Now each is
+    checked again once preprocessed, in its own bucket's order: the k-th waits for k // 8 full batches and runs in
+    a batch of k % 8 + 1, so k <= 7 finish by 963 ms (with the 3-ms margin) inside the 990-ms target (1 s less
+    10% of the 100-ms SLO) and k = 8 is refused (503): 8 answered, 3 refused, none admitted only to fail."""
+    from fake_variants import BucketedFakeVariant
+
+    clock = FakeClock()
+    variant = BucketedFakeVariant("fp32", {16: 0.001, 256: 0.12}, clock=clock)
+    svc = _fake_service(variant, clock, max_batch_size=8)
+    batcher = svc.batchers[0]
+    assert batcher.predict(256, 1) == pytest.approx(0.12) and batcher.predict(16, 1) == pytest.approx(0.001)
+    variant.batch_sizes.clear()
+    codes, results = _burst(svc, clock, [_request(svc, 200, 1000)] * 11)
+    assert codes == [200] * 8 + [503] * 3, (codes, [str(r) for r in results])
+    assert variant.batch_sizes == [8]
+    m = svc.metrics.exposition()
+    assert b'latencylab_server_shed_total{model="fake",reason="deadline"} 3.0' in m
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_a_stale_over_estimate_is_probed_and_clears(bucketed: bool) -> None:
+    """The trap: the estimate of a request's cost is 2 s (say, learned under a stall), the truth 170 ms, and the
+    deadline 1 s. A request refused on a prediction never runs, so nothing corrects it: before the fix, every
+    request was refused forever (503 at admission for a plain variant, which had never admitted one since start;
+    504 "cannot finish by deadline" at release for a text bucket). Now, once nothing has been admitted (or no batch
+    of that bucket has run) for ``probe_after_ns`` (1 s), one request runs as a probe, its measured time replaces
+    the estimate, and the requests after it are served. One request every 100 ms on a fake clock."""
+    from fake_variants import BucketedFakeVariant
+
+    clock = FakeClock()
+    variant: FakeVariant
+    if bucketed:
+        variant = BucketedFakeVariant("fp32", {16: 0.001, 256: 0.17}, clock=clock)
+        x, bucket = 200.0, 256
+    else:
+        variant = FakeVariant("fp32", 0.17, clock=clock)
+        x, bucket = 1.0, 0
+    svc = _fake_service(variant, clock, max_batch_size=1)
+    batcher = svc.batchers[0]
+    model = batcher._models[bucket]
+    model.by_size = {s: 2.0 for s in model.by_size}  # the stale over-estimate
+
+    async def go() -> list[int]:
+        await svc.start()
+        codes = []
+        try:
+            for _ in range(30):
+                try:
+                    await svc.infer(_request(svc, x, 1000), Timing(clock.now_ns))
+                    codes.append(200)
+                except ServiceError as exc:
+                    codes.append(exc.status)
+                clock.advance(100_000_000)
+        finally:
+            await svc.stop()
+        return codes
+
+    codes = asyncio.run(go())
+    assert codes[0] == 503, codes  # the trap is there at first ...
+    first = codes.index(200)
+    assert 9 <= first <= 12, codes  # ... a probe goes in ~1 s later ...
+    assert codes[first:] == [200] * (30 - first), codes  # ... and clears it
+    assert batcher.predict(bucket, 1) == pytest.approx(0.17, rel=0.05)

@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -31,7 +31,7 @@ from latencylab.clock import Clock, PerfCounterClock
 from latencylab.serve import protocol
 from latencylab.serve.batcher import now_reader, retry_after_header
 from latencylab.serve.config import ServerConfig
-from latencylab.serve.limits import HttpLimits, guarded_protocol
+from latencylab.serve.limits import DISCONNECT, DisconnectHook, HttpLimits, guarded_protocol
 from latencylab.serve.metrics import ServerMetrics
 from latencylab.serve.request_start import HEADER as REQUEST_START_HEADER
 from latencylab.serve.request_start import request_age_ns
@@ -88,17 +88,24 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     async def read() -> bytes:
         chunks = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ProtocolError(f"request body exceeds the limit of {limit} bytes", 413)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ProtocolError(f"request body exceeds the limit of {limit} bytes", 413)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise _ClientGone(f"client disconnected after {size} bytes of its body") from None
         return b"".join(chunks)
 
     try:
         return await asyncio.wait_for(read(), timeout_s)
     except TimeoutError:
         raise ProtocolError(f"request body not received within {timeout_s:g} s", 408) from None
+
+
+class _ClientGone(Exception):
+    """The client closed its connection before its whole body came (counted as 499, one log line)."""
 
 
 def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
@@ -159,6 +166,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
         if not _authorised(state, request):
             return _error(401, "missing or wrong bearer token")
         model = request.path_params.get("model", "?")
+        hook: DisconnectHook | None = request.scope.get("extensions", {}).get(DISCONNECT)
         try:
             svc, version = service_for(request)
             stamp = request.headers.get(REQUEST_START_HEADER) if state.cfg.trust_request_start else None
@@ -176,9 +184,30 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
             protocol.check_requested_outputs(req.outputs, svc.outputs)
             timing.parsed = now_ns()
             pinned = svc.ladder.index(version) if version is not None and version != "cache" else None
-            resp, params = await svc.infer(req, timing, pinned)
+            if hook is None:  # no disconnect notice (an ASGI server other than ours, a test client)
+                resp, params = await svc.infer(req, timing, pinned)
+            else:
+                # A client that leaves cancels its request (service.py takes it out of the preprocess pool's
+                # backlog and the batcher's queue; only a batch already computing finishes).
+                work = asyncio.ensure_future(svc.infer(req, timing, pinned))
+                hook.add(work.cancel)
+                try:
+                    resp, params = await work
+                finally:
+                    hook.remove(work.cancel)
             payload, json_length = protocol.encode_infer_body(resp, req.outputs, output_format)
             svc.answered(timing, now_ns())
+        except asyncio.CancelledError:
+            if hook is None or not hook.gone:
+                raise  # the handler itself was cancelled (shutdown), not its client gone
+            if model in state.services:
+                state.metrics.requests.labels(model, "-", "499").inc()
+            return _error(499, "client closed the connection")  # nobody reads it
+        except _ClientGone as exc:
+            log.info("%s %s: %s", request.method, request.url.path, exc)
+            if model in state.services:
+                state.metrics.requests.labels(model, "-", "499").inc()
+            return _error(499, str(exc))
         except ProtocolError as exc:
             if model in state.services:
                 state.metrics.errors.labels(model, "bad_input").inc()
@@ -320,6 +349,7 @@ def build_state(
         svc.warmup()
         metrics.ladder_level.labels(m.name).set(0)
         metrics.alarm.labels(m.name).set(0)
+        metrics.slo_target.labels(m.name).set(m.slo_target_fraction)
         services[m.name] = svc
     token = os.environ.get(cfg.token_env) if cfg.token_env else None
     if cfg.token_env and not token:

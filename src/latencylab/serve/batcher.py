@@ -79,6 +79,16 @@ class LatencyModel:
             seconds = min(seconds, self.clip * old)
         self.by_size[size] = seconds if old is None else old + self.alpha * (seconds - old)
 
+    def remeasure(self, size: int, seconds: float) -> None:
+        """A probe's measured time replaces the estimate instead of nudging it: a probe runs only where the
+        estimate refused everything (so nothing else could correct it). When it came in under the prediction,
+        every size is scaled down by the same ratio: the whole curve was an over-estimate."""
+        predicted = self.predict(size)
+        if predicted > 0 and 0 < seconds < predicted:
+            ratio = seconds / predicted
+            self.by_size = {s: t * ratio for s, t in self.by_size.items()}
+        self.by_size[size] = seconds
+
     def predict(self, size: int) -> float:
         if not self.by_size:
             return 0.0
@@ -169,8 +179,11 @@ class Batcher:
         self._reserved = 0  # admitted, still preprocessing: ahead of any later admission
         self._last_admit_ns: int | None = None
         # Shedding everything means no request runs, so no estimate is ever corrected: after this long
-        # without an admission, the next request is admitted whatever the prediction says (a probe).
+        # without an admission, the next request is admitted whatever the prediction says (a probe); and after
+        # this long without a batch of a bucket, its next batch runs even if predicted late (a probe at release).
         self.probe_after_ns = 1_000_000_000
+        self._started_ns: int | None = None  # start(): "nothing admitted yet" counts from here
+        self._ran_ns: dict[int, int] = {}  # bucket -> when its last batch was released
         self._on_batch = on_batch
         self._on_depth = on_depth
         self._task: asyncio.Task[None] | None = None
@@ -281,6 +294,53 @@ class Batcher:
         wait = max(first_free, (sum(remaining) + queued) / self.workers)
         return now + int((wait + own) * 1e9)
 
+    def predicted_finish_in_bucket(self, bucket: int, deadline_ns: int, now: int) -> int:
+        """When a request of ``bucket`` (known once preprocessed) with ``deadline_ns``, queued now, would be
+        answered if batches run back to back in the batcher's order: after the running batches, every queued
+        batch of a bucket no more costly than its own (shortest first, see ``_pick``), the requests of its own
+        bucket due no later than it (EDF), and the other admitted requests still preprocessing (as batches of
+        one of the cheapest bucket, as at admission); then its own batch. Costlier buckets go after it."""
+        remaining = self._remaining(now)
+        own_cost = self.predict(bucket, 1)
+        queued = 0.0
+        ahead = 0
+        for b, q in self._queues.items():
+            if b == bucket:
+                ahead = sum(1 for j in q if j.deadline_ns <= deadline_ns)
+            elif q and self.predict(b, 1) <= own_cost:
+                full, rest = divmod(len(q), self.max_batch)
+                queued += full * self.predict(b, self.max_batch) + (self.predict(b, rest) if rest else 0.0)
+        full, rest = divmod(ahead, self.max_batch)
+        queued += full * self.predict(bucket, self.max_batch)
+        others = max(0, self._reserved - 1)  # the caller's own reservation is still held
+        queued += others * self.predict(self._cheapest_bucket(), 1)
+        idle = self.workers - len(remaining)
+        first_free = 0.0 if idle > 0 else min(remaining)
+        wait = max(first_free, (sum(remaining) + queued) / self.workers)
+        return now + int((wait + self.predict(bucket, rest + 1)) * 1e9)
+
+    def recheck(self, item: Any, deadline_ns: int, now: int, extra_ns: int = 0, admit_by_ns: int | None = None) -> None:
+        """Admission again, now that the item's cost bucket is known (a bucketed variant; else nothing).
+
+        Raises Shed("deadline") if, in its bucket's order (EDF by ``deadline_ns``), it is predicted to finish
+        (+ margin + ``extra_ns``) after ``admit_by_ns`` (default: the deadline). Admission before preprocessing
+        can only assume the cheapest bucket, so without this a burst of long texts is admitted and then fails at
+        release with 504. A bucket that has not run for ``probe_after_ns`` is let through (its estimate may be
+        stale: the release probes it)."""
+        if self._bucket_of is None:
+            return
+        bucket = int(self._bucket_of(item))
+        finish = self.predicted_finish_in_bucket(bucket, deadline_ns, now) + self.margin_ns + extra_ns
+        limit = deadline_ns if admit_by_ns is None else admit_by_ns
+        if finish > limit and not self.bucket_stale(bucket, now):
+            raise Shed("deadline", max(0.1, (finish - now) / 1e9))
+
+    def bucket_stale(self, bucket: int, now: int) -> bool:
+        """No batch of ``bucket`` released for ``probe_after_ns`` since the batcher started: its estimate is one
+        nothing has refuted lately, so the next batch runs even if predicted late (before ``start``: never)."""
+        since = self._ran_ns.get(bucket, self._started_ns)
+        return since is not None and now - since > self.probe_after_ns
+
     def admit(self, deadline_ns: int, now: int, lead_ns: int = 0) -> None:
         """Reserve a place, or raise Shed if the request cannot be queued or cannot make its deadline.
 
@@ -299,8 +359,10 @@ class Batcher:
         self._reserved += 1
 
     def starved(self, now: int) -> bool:
-        """Nothing admitted for ``probe_after_ns``: the next request goes in whatever the prediction says."""
-        return self._last_admit_ns is not None and now - self._last_admit_ns > self.probe_after_ns
+        """Nothing admitted for ``probe_after_ns`` (since ``start`` if nothing ever was): the next request goes
+        in whatever the prediction says."""
+        since = self._last_admit_ns if self._last_admit_ns is not None else self._started_ns
+        return since is not None and now - since > self.probe_after_ns
 
     def idle(self) -> bool:
         """Nothing queued, nothing else admitted and preprocessing, and a worker free (the caller's own admission
@@ -323,18 +385,27 @@ class Batcher:
             pre_s = (self.now_ns() - t0) / 1e9
             return item, pre_s, self._compute([item])
 
-        try:
-            item, pre_s, (outs, fwd_s, post_s, t_start) = await asyncio.get_running_loop().run_in_executor(
-                self._executor, job
-            )
-        except ProtocolError:
-            raise
-        except Exception as exc:
-            raise ModelFailure(f"{type(exc).__name__}: {exc}") from None
-        finally:
+        def done(_: Any = None) -> None:
             self._running.pop(bid, None)
             self._wake.set()
+
+        work = asyncio.get_running_loop().run_in_executor(self._executor, job)
+        try:
+            item, pre_s, (outs, fwd_s, post_s, t_start) = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # its client left: the compute thread still holds the item until it returns, and the worker counts
+            # as busy until then (else another batch would be planned onto a thread that is not free)
+            work.add_done_callback(done)
+            raise
+        except ProtocolError:
+            done()
+            raise
+        except Exception as exc:
+            done()
+            raise ModelFailure(f"{type(exc).__name__}: {exc}") from None
+        done()
         bucket = int(self._bucket_of(item)) if self._bucket_of is not None else 0
+        self._ran_ns[bucket] = released
         self._model(bucket).observe(1, fwd_s + post_s)
         if self._on_batch is not None:
             self._on_batch(self.variant.name, 1, "direct")
@@ -351,6 +422,23 @@ class Batcher:
 
     def _cheapest_bucket(self) -> int:
         return min((b for b, m in self._models.items() if m.by_size), default=0)
+
+    def withdraw(self, fut: asyncio.Future[BatchOutcome]) -> bool:
+        """Take the queued job answered by ``fut`` out of its queue (its client left, or its deadline passed
+        while queued): it no longer counts ahead of anyone, holds no place, and moves no release. True if it
+        was queued."""
+        for q in self._queues.values():
+            for i, job in enumerate(q):
+                if job.future is fut:
+                    q[i] = q[-1]
+                    q.pop()
+                    heapq.heapify(q)
+                    self._queued -= 1
+                    if self._on_depth is not None:
+                        self._on_depth(self._queued)
+                    self._wake.set()
+                    return True
+        return False
 
     def unreserve(self) -> None:
         """Give back an admission that will not be submitted (its preprocess failed)."""
@@ -388,6 +476,8 @@ class Batcher:
         return fut
 
     def start(self) -> None:
+        if self._started_ns is None:
+            self._started_ns = self.now_ns()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.variant.name}")
 
     async def stop(self) -> None:
@@ -482,11 +572,19 @@ class Batcher:
             jobs = self._take(released)
             bucket = jobs[0].bucket
             live = [j for j in jobs if not j.future.done()]  # done: the client went away or timed out
+            # A bucket that has not run for probe_after_ns runs even if predicted late (its requests still
+            # in time): a request failed on a prediction never runs, so an over-estimate would otherwise
+            # refuse that bucket forever. Its measured time then replaces the estimate (remeasure).
+            stale = self.bucket_stale(bucket, released)
+            probe = False
             # Fail fast whoever can no longer make it: the batch finishes at release + predicted compute,
             # and dropping a late request shrinks the batch, so re-check until everyone left fits.
             while live:
                 finish = released + int(self.predict(bucket, len(live)) * 1e9)
                 late = [j for j in live if j.deadline_ns < finish]
+                if stale and any(j.deadline_ns >= released for j in late):
+                    probe = True
+                    late = [j for j in late if j.deadline_ns < released]  # only those already past it
                 if not late:
                     break
                 for job in late:
@@ -494,14 +592,17 @@ class Batcher:
                     job.future.set_exception(DeadlineExceeded(why))
                 live = [j for j in live if j.deadline_ns >= finish]
             if not live:
-                continue
+                continue  # nothing ran: the bucket's estimate is still unrefuted (stays due for a probe)
+            self._ran_ns[bucket] = released
             bid = next(self._batch_ids)
             self._running[bid] = (released, self.predict(bucket, len(live)))
-            task = asyncio.get_running_loop().create_task(self._run_batch(bid, live, reason, released, bucket))
+            task = asyncio.get_running_loop().create_task(self._run_batch(bid, live, reason, released, bucket, probe))
             self._batches.add(task)
             task.add_done_callback(self._batches.discard)
 
-    async def _run_batch(self, bid: int, live: list[Job], reason: str, released: int, bucket: int = 0) -> None:
+    async def _run_batch(
+        self, bid: int, live: list[Job], reason: str, released: int, bucket: int = 0, probe: bool = False
+    ) -> None:
         try:
             outs, fwd_s, post_s, t_start = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._compute, [j.item for j in live]
@@ -514,7 +615,10 @@ class Batcher:
         finally:
             self._running.pop(bid, None)
             self._wake.set()  # a worker is free: the loop may release the next batch
-        self._model(bucket).observe(len(live), fwd_s + post_s)
+        if probe:  # ran against its prediction: what it measured replaces that prediction
+            self._model(bucket).remeasure(len(live), fwd_s + post_s)
+        else:
+            self._model(bucket).observe(len(live), fwd_s + post_s)
         if self._on_batch is not None:
             self._on_batch(self.variant.name, len(live), reason)
         for job, out in zip(live, outs, strict=True):

@@ -30,6 +30,7 @@ Example (``serve.toml``)::
     ort_spin_us = 3000          # optional (ONNX Runtime variants): idle intra-op threads spin this long, then
                                 #   sleep (default: ORT's own, which spins through the gaps of a served load)
     admission_slack = "boundary"  # what admission adds to its prediction: boundary | off (serve/slack.py)
+    slo_target_fraction = 0.9   # admission plans finishes by the deadline less 10% of min(deadline, SLO)
     direct_when_idle = false    # idle batcher: preprocess + compute on the compute thread, one hand-over
     order_by = "deadline"       # text buckets run shortest first, unless a request's deadline is at risk;
                                 #   "slo": unless its start + slo_ms (or its deadline, if sooner) is at risk
@@ -70,6 +71,9 @@ class ModelConfig:
     ort_spin_us: int | None = None  # ONNX Runtime variants: session.intra_op.spin_duration_us (None: ORT's)
     ort_threads: int | None = None  # ONNX Runtime variants: the session's intra-op threads (None: --threads)
     admission_slack: str = "boundary"  # "boundary" | "off" (serve/slack.py)
+    # admission aims at the deadline less (1 - this) x min(the request's budget, slo_ms): with a deadline equal
+    # to the SLO, at 90% of it, so the noise around the prediction keeps the admitted p99 inside the SLO
+    slo_target_fraction: float = 0.9
     direct_when_idle: bool = False  # an idle batcher preprocesses + computes a request in one hand-over
     # what the order of text buckets protects: "deadline" (the deadline only: with the 30-s default, plain
     # shortest-first) or "slo" (each request's start + slo_ms, or its deadline if sooner; measured worse here)
@@ -110,6 +114,9 @@ class ModelConfig:
             raise LatencyLabError(f"model {self.name!r}: ort_threads must be a whole number >= 1")
         if not 0 < self.quantile < 1:
             raise LatencyLabError(f"model {self.name!r}: quantile must be a fraction, e.g. 0.99")
+        f = self.slo_target_fraction
+        if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f <= 1:
+            raise LatencyLabError(f"model {self.name!r}: slo_target_fraction must be in (0, 1], got {f!r}")
         if self.order_by not in ("slo", "deadline"):
             raise LatencyLabError(f"model {self.name!r}: order_by must be slo or deadline, got {self.order_by!r}")
         if self.admission_slack not in ("boundary", "off"):

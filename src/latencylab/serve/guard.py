@@ -25,6 +25,12 @@ Decisions (``evaluate``, called periodically by the server):
 * UP: the level above holds >= ``probe_min_samples`` probe samples and their
   quantile is below ``exit_ratio * slo_ms`` -> current - 1, whether or not
   the current level is healthy. When both apply, DOWN wins.
+* UP when quiet: probes come only with traffic, so a server left below the
+  top when a burst ended would stay there (alarm raised, on ``cache``) until
+  traffic returns. After a whole ``window_s`` at the current level with fewer
+  than ``min_samples`` samples in its window (too few to have stepped down
+  on: no evidence of a breach) and no probe of the level above breaching the
+  SLO -> current - 1, one level per dwell, back to the top.
 
 The gap between ``exit_ratio`` and ``enter_ratio`` is the hysteresis: a
 latency hovering between the two moves the guard neither way.
@@ -266,6 +272,7 @@ class SloGuard:
         self._window = [_Window(cfg.n_buckets, bucket_ns) for _ in names]
         self._probes = [_Window(cfg.n_buckets, bucket_ns) for _ in names]
         self._dwell_ns = round(cfg.dwell_s * 1e9)
+        self._window_ns = round(cfg.window_s * 1e9)
         self._probe_every = cfg.probe_every
         self._level = 0
         self._entered_ns = self._now_ns()
@@ -401,6 +408,8 @@ class SloGuard:
                             f"({cfg.exit_ratio:g} x SLO {slo:g} ms) over {p.count} probes"
                         )
                         made, alarm = self._step(now, cur - 1, reason, q_ms)
+            if made is None and cur > 0 and now - self._entered_ns >= self._window_ns:
+                made, alarm = self._quiet_step_up(now, cur)
         if made is not None:
             log = logger.warning if made.direction == "down" else logger.info
             log("%s: %s -> %s: %s", self._label(), made.from_name, made.to_name, made.reason)
@@ -408,7 +417,24 @@ class SloGuard:
             self._emit(alarm)
         return made
 
-    def _step(self, now: int, to: int, reason: str, q_ms: float) -> tuple[Transition, Alarm | None]:
+    def _quiet_step_up(self, now: int, cur: int) -> tuple[Transition | None, Alarm | None]:
+        """UP when quiet (module docstring; lock held): the current level's window holds too few samples to
+        judge, and no probe of the level above breaches."""
+        cfg = self._cfg
+        h = self._window[cur].merged(now)
+        n = 0 if h is None else h.count
+        if n >= cfg.min_samples:
+            return None, None
+        p = self._probes[cur - 1].merged(now)
+        if p is not None and p.quantile(cfg.q) / 1e6 > cfg.enter_ratio * cfg.slo_ms:
+            return None, None
+        reason = (
+            f"quiet: {n} request(s) at {self._names[cur]} in the last {cfg.window_s:g} s (< {cfg.min_samples}), "
+            "no evidence of a breach"
+        )
+        return self._step(now, cur - 1, reason, None)
+
+    def _step(self, now: int, to: int, reason: str, q_ms: float | None) -> tuple[Transition, Alarm | None]:
         """Move to level ``to`` (lock held); returns the transition and the alarm change it causes."""
         frm = self._level
         t = Transition(now / 1e9, frm, to, self._names[frm], self._names[to], reason, q_ms)

@@ -11,7 +11,10 @@ of this server, in JSON:
   beyond the limit is ever buffered;
 * a head that has not arrived ``head_timeout_s`` after the connection opened or the previous response was sent
   is answered 408 (or, if not one byte of it came, the connection is just closed);
-* the parser's own refusals (a malformed request) are a JSON 400 instead of uvicorn's plain text.
+* the parser's own refusals (a malformed request) are a JSON 400 instead of uvicorn's plain text;
+* each request's scope carries a :class:`DisconnectHook` (``scope["extensions"][DISCONNECT]``) that the
+  connection fires when it is lost before the request's response is complete, so the app can cancel the work of
+  a client that has gone (app.py) without a task per request listening on ``receive``.
 
 The body's time limit, ``body_timeout_s``, is the app's (``app._read_body``): the head is in by then, so the
 answer is a normal response (408). ``keep_alive_s`` is uvicorn's ``timeout_keep_alive``.
@@ -20,12 +23,46 @@ answer is a normal response (408). ``keep_alive_s`` is uvicorn's ``timeout_keep_
 from __future__ import annotations
 
 import asyncio
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from latencylab.serve import protocol
 
-__all__ = ["HttpLimits", "guarded_protocol"]
+__all__ = ["DISCONNECT", "DisconnectHook", "HttpLimits", "guarded_protocol"]
+
+DISCONNECT = "latencylab.disconnect"  # the scope extension holding a request's DisconnectHook
+
+
+class DisconnectHook:
+    """Fired by the connection when it is lost before its request's response is complete: ``gone`` turns true
+    and every callback added (and not removed) is called once, on the event loop."""
+
+    __slots__ = ("_callbacks", "gone")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self._callbacks: list[Callable[[], object]] = []
+
+    def add(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` at the disconnect (at once if the client has already gone)."""
+        if self.gone:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def remove(self, callback: Callable[[], object]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def fire(self) -> None:
+        if self.gone:
+            return
+        self.gone = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +94,7 @@ def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
             self._head_streamed = 0  # bytes received in reads that began and ended inside the head in progress
             self._head_timer: asyncio.TimerHandle | None = None
             self._refusal: tuple[int, str] | None = None
+            self._hooks: deque[DisconnectHook] = deque()  # requests begun and not yet answered, in order
 
         # -- connection and parser callbacks
 
@@ -67,6 +105,9 @@ def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_head_timer()
             super().connection_lost(exc)
+            hooks, self._hooks = self._hooks, deque()
+            for hook in hooks:  # their clients are gone: whatever still works for them can stop
+                hook.fire()
 
         def data_received(self, data: bytes) -> None:
             was_in_head = self._in_head
@@ -78,6 +119,10 @@ def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            hook = DisconnectHook()
+            self._hooks.append(hook)
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+            extensions[DISCONNECT] = hook
             self._in_head = True
             self._head_exact = self._head_streamed = 0
             if self._head_timer is None:
@@ -98,6 +143,8 @@ def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            if self._hooks:  # responses complete in the order their requests began (HTTP/1.1 pipelining)
+                self._hooks.popleft()
             # Waiting for the next head (no pipelined request was started, none is half-parsed): time it.
             idle = self.cycle is None or self.cycle.response_complete
             if idle and self._head_timer is None and not self.transport.is_closing():

@@ -91,6 +91,12 @@ class ServerMetrics:
             ["model", "variant"],
             registry=r,
         )
+        self.slo_target = Gauge(
+            "latencylab_server_slo_target_fraction",
+            "Admission plans each finish by its deadline less (1 - this) x min(its deadline budget, the SLO).",
+            ["model"],
+            registry=r,
+        )
         self.request_age = Histogram(
             "latencylab_server_request_age_at_handler_seconds",
             "Time from a request's X-Request-Start stamp to its handler start (requests with the header).",

@@ -154,6 +154,16 @@ class ModelService:
             self.boundary.append(BoundarySlack(self.cfg.quantile))
             self._slack_shown.append(-1)
 
+    def admit_by_ns(self, start_ns: int, deadline_ns: int) -> int:
+        """What admission aims at: the deadline less (1 - ``slo_target_fraction``) of the smaller of the request's
+        whole budget and the SLO. With a deadline equal to the SLO, admission plans every finish inside 90% of
+        it (the default), so the noise of finishes around their prediction does not carry the admitted tail
+        over the SLO; a long deadline loses the same few ms of the SLO, a short one the same share of itself.
+        The deadline itself (release, 504) is unchanged."""
+        budget = deadline_ns - start_ns
+        margin = (1.0 - self.cfg.slo_target_fraction) * min(budget, self.cfg.slo_ms * 1e6)
+        return deadline_ns - int(margin)
+
     def preprocess_lead_ns(self) -> int:
         """Expected time before a request admitted now is preprocessed: its wait for a worker plus its own."""
         waves = 1 + self.preprocessing // self.pool_workers
@@ -228,14 +238,15 @@ class ModelService:
         batcher = self.batchers[level]
         lead = self.preprocess_lead_ns()
         boundary = self.boundary[level]
+        admit_by = self.admit_by_ns(timing.start - timing.age_ns, deadline_ns)
         predicted = batcher.predicted_finish_ns(now) + lead  # what admission expects, before any margin
         slack = boundary.current(now, batcher.margin_ns) if self.cfg.admission_slack == "boundary" else 0
-        near = boundary.near(deadline_ns - predicted, batcher.margin_ns)
+        near = boundary.near(admit_by - predicted, batcher.margin_ns)
         if slack != self._slack_shown[level]:
             self._slack_shown[level] = slack
             self.metrics.slack.labels(self.name, batcher.variant.name).set(slack / 1e9)
         try:
-            batcher.admit(deadline_ns, now, lead + slack)
+            batcher.admit(admit_by, now, lead + slack)
         except Shed as shed:
             self.metrics.shed.labels(self.name, shed.reason).inc()
             raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
@@ -245,7 +256,9 @@ class ModelService:
             if self.cfg.direct_when_idle and batcher.idle():
                 outcome = await self._direct(batcher, request, timing)
             else:
-                outcome = await self._batched(batcher, request, timing, deadline_ns, float(deadline_ms))
+                outcome = await self._batched(
+                    batcher, request, timing, deadline_ns, float(deadline_ms), admit_by, slack
+                )
         except _Late as late:
             self._missed(boundary, deadline_ns, predicted if near else 0, int(float(deadline_ms) * 1e6))
             self._penalise(level, routed, deadline_ms)
@@ -284,7 +297,14 @@ class ModelService:
         return outcome
 
     async def _batched(
-        self, batcher: Batcher, request: InferRequest, timing: Timing, deadline_ns: int, deadline_ms: float
+        self,
+        batcher: Batcher,
+        request: InferRequest,
+        timing: Timing,
+        deadline_ns: int,
+        deadline_ms: float,
+        admit_by: int | None = None,
+        slack_ns: int = 0,
     ) -> BatchOutcome:
         """Preprocess in the pool, then queue for a batch; raises _Late when the deadline passes.
 
@@ -294,8 +314,11 @@ class ModelService:
         The batcher answers (or fails fast) by the deadline; one timer covers a batcher that cannot (not
         wait_for(shield(fut)): each of those layers adds a pass too); it fires on the loop's time but expires the
         request only once the service's clock has passed the deadline (else it re-arms: a test's FakeClock
-        decides). A handler cancelled by its client cancels its item, queued or not yet (the batcher skips done
-        items; a late preprocess result is dropped).
+        decides). A handler cancelled (its client left: app.py watches for the disconnect) or expired takes its
+        item out: not yet preprocessed, the preprocess worker skips it; queued, it leaves the queue
+        (``Batcher.withdraw``); preprocessing, its result is dropped; only a batch already computing finishes.
+        Once preprocessed, a text item's cost bucket is known and admission is checked again for it
+        (``Batcher.recheck``, against ``admit_by`` with ``slack_ns``): a 503 now instead of a 504 at release.
         """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[BatchOutcome] = loop.create_future()
@@ -317,17 +340,21 @@ class ModelService:
 
         timer = arm()
         try:
-            self._preprocess_then_submit(loop, batcher, request, timing, deadline_ns, fut)
+            recheck = (deadline_ns if admit_by is None else admit_by, slack_ns)
+            self._preprocess_then_submit(loop, batcher, request, timing, deadline_ns, fut, recheck)
             return await fut
         except ProtocolError as exc:
             raise ServiceError(exc.status, str(exc), kind="bad_input") from None
         except asyncio.CancelledError:
+            fut.cancel()  # a preprocess worker that has not begun skips it
+            batcher.withdraw(fut)
             if expired:
                 raise _Late(f"deadline of {deadline_ms:g} ms exceeded") from None
             raise
         except DeadlineExceeded as exc:
             raise _Late(str(exc)) from None
         except Shed as shed:
+            self.metrics.shed.labels(self.name, shed.reason).inc()
             raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
         finally:
             timer.cancel()
@@ -340,24 +367,35 @@ class ModelService:
         timing: Timing,
         deadline_ns: int,
         fut: asyncio.Future[BatchOutcome],
+        recheck: tuple[int, int] | None = None,
     ) -> None:
         """Start ``request``'s preprocessing; its item joins ``batcher``'s queue with ``fut`` as its answer, or
-        ``fut`` gets the preprocessing's exception. The admission reservation is always released once."""
+        ``fut`` gets the preprocessing's exception (or the Shed of ``recheck`` = (admit by, slack), see
+        ``Batcher.recheck``). The admission reservation is always released once. A ``fut`` already done when a
+        worker picks the request up (its handler is gone) is not preprocessed at all."""
         variant = batcher.variant
         self.preprocessing += 1
 
-        def on_loop(took: float, item: Any, exc: BaseException | None) -> None:
+        def on_loop(took: float | None, item: Any, exc: BaseException | None) -> None:
             self.preprocessing -= 1
             if exc is not None:
                 batcher.unreserve()
                 if not fut.done():
                     fut.set_exception(exc)
                 return
-            self._observe_preprocess(took)
+            if took is not None:  # None: skipped, its handler was gone before a worker took it
+                self._observe_preprocess(took)
             timing.preprocessed = self.now_ns()
             if fut.done():  # the handler is gone (its client left, or its deadline passed): nothing to queue
                 batcher.unreserve()
                 return
+            if recheck is not None:
+                try:
+                    batcher.recheck(item, deadline_ns, timing.preprocessed, recheck[1], recheck[0])
+                except Shed as shed:
+                    batcher.unreserve()
+                    fut.set_exception(shed)
+                    return
             target = deadline_ns
             if self.cfg.order_by == "slo":  # the bucket order protects start + SLO too (Batcher._pick)
                 target = min(deadline_ns, timing.start - timing.age_ns + int(self.cfg.slo_ms * 1e6))
@@ -373,11 +411,13 @@ class ModelService:
             return
 
         def work() -> None:
-            took, item, err = 0.0, None, None
-            try:
-                took, item = _timed(self.now_ns, variant.preprocess, request)
-            except Exception as exc:
-                err = exc
+            took: float | None = None
+            item, err = None, None
+            if not fut.done():  # a plain read from this thread: at worst a request gone this instant is run
+                try:
+                    took, item = _timed(self.now_ns, variant.preprocess, request)
+                except Exception as exc:
+                    err = exc
             with contextlib.suppress(RuntimeError):  # the loop closed (shutdown): nobody waits for the answer
                 loop.call_soon_threadsafe(on_loop, took, item, err)
 
@@ -423,6 +463,7 @@ class ModelService:
             latency = self.now_ns() - start
         except Exception:  # a probe that fails or cannot be admitted is a slow probe
             latency = int(deadline_ms * 1e6)
+            batcher.withdraw(fut)  # timed out while queued: it leaves the queue, as a user's request does
         self.metrics.probes.labels(self.name, self.ladder[level]).inc()
         self.guard.observe(level, latency, probe=True)
 
