@@ -40,6 +40,18 @@ def machine_load() -> str:
     return f"load average {one:.2f} / {five:.2f} (1 / 5 min) on {n} CPUs{note}"
 
 
+def cpu_model() -> str:
+    """The CPU's model name and flags that matter here (from /proc/cpuinfo), and the CPUs this process may use."""
+    name, avx512 = "unknown CPU", False
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and name == "unknown CPU":
+                name = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                avx512 = avx512 or "avx512f" in line.split()
+    return f"{name}, {os.cpu_count()} vCPUs{', AVX-512' if avx512 else ''}"
+
+
 def toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"

@@ -75,7 +75,7 @@ def first_run_only(src: Path, dst: Path) -> None:
 
     r = ProfileResult.from_dict(json.loads(src.read_text()))
     sl = r.run_slices()[0]
-    d = r.to_dict(with_summary=False)
+    d = r.to_dict()
     d["iteration_start_ns"] = d["iteration_start_ns"][sl]
     for s in d["stages"]:
         s["samples_ns"] = s["samples_ns"][sl]

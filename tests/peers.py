@@ -19,7 +19,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,30 +27,18 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from ports import HOST, free_ports
+
 ROOT = Path(__file__).resolve().parent.parent
 MLSERVER_VENV = ROOT / "benchmarks" / ".venvs" / "mlserver"
 MLSERVER_MODELS = ROOT / "benchmarks" / "peers" / "mlserver_model"
 MLSERVER_SETUP = "bash benchmarks/peers/mlserver_setup.sh"
-HOST = "127.0.0.1"
 
 # Never go through an HTTP proxy from the environment: the peer is on loopback.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 # Variables of the caller's environment that must not leak into a peer's interpreter or settings.
 _SCRUBBED_PREFIXES = ("MLSERVER_",)
 _SCRUBBED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PROMETHEUS_MULTIPROC_DIR")
-
-
-def free_ports(n: int = 1) -> list[int]:
-    """``n`` distinct TCP ports on 127.0.0.1 that were free a moment ago (the OS picks them).
-
-    The sockets are held open together so that the n ports differ; another process may still take
-    one before the peer binds it, which start-up then reports with the peer's log.
-    """
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
-        for s in socks:
-            s.bind((HOST, 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def http_status(url: str, timeout_s: float = 2.0) -> int | None:

@@ -12,6 +12,7 @@ import pytest
 from scipy.stats import fisher_exact, mannwhitneyu
 
 from conftest import Noise
+from latencylab.analysis import save_profile
 from latencylab.cli import main
 from latencylab.compare import stats as cstats
 from latencylab.compare.core import Comparison, Gate, compare_docs, compare_files, compare_series
@@ -235,10 +236,10 @@ def profile_result(
 def profile_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("profiles")
     return {
-        "base": profile_result(1).save(d / "base.json"),
-        "same": profile_result(2).save(d / "same.json"),
-        "slow": profile_result(3, forward_scale=1.10).save(d / "slow.json"),
-        "other_cpu": profile_result(2, env=fingerprint("Other CPU", memory=2**35)).save(d / "other_cpu.json"),
+        "base": save_profile(profile_result(1), d / "base.json"),
+        "same": save_profile(profile_result(2), d / "same.json"),
+        "slow": save_profile(profile_result(3, forward_scale=1.10), d / "slow.json"),
+        "other_cpu": save_profile(profile_result(2, env=fingerprint("Other CPU", memory=2**35)), d / "other_cpu.json"),
     }
 
 

@@ -17,6 +17,7 @@ import pytest
 from scipy.stats import ttest_ind, wilcoxon
 
 from latencylab import canary as canarymod
+from latencylab.analysis import save_profile
 from latencylab.canary import CanaryDelta, Reading, compare_canaries, summarize
 from latencylab.cli import main
 from latencylab.clock import FakeClock
@@ -71,7 +72,7 @@ def drifting_profile(
 
 
 def doc(r: ProfileResult) -> dict[str, Any]:
-    return r.to_dict(with_summary=False)
+    return r.to_dict()
 
 
 # ------------------------------------------------------------------------------------------ statistics
@@ -255,7 +256,7 @@ def test_canary_that_moved_refuses_the_gate_and_says_by_how_much(tmp_path: Path)
     a = canary_profile(DRIFT[:5], cpu_ms=1.0, seed=1)
     b = canary_profile(tuple(1.25 * x for x in DRIFT[:5]), cpu_ms=1.25, seed=2)
     assert a.env["canary"]["cpu_ns"] == 1_000_000 and len(a.env["canary"]["readings"]) == 6
-    pa, pb = a.save(tmp_path / "a.json"), b.save(tmp_path / "b.json")
+    pa, pb = save_profile(a, tmp_path / "a.json"), save_profile(b, tmp_path / "b.json")
     c = compare_docs(doc(a), doc(b), GATES, names=("a", "b"))
     assert c.find("end-to-end").metric("p50").significant
     assert c.canary is not None and c.canary.slower == pytest.approx(0.25) and c.canary.moved

@@ -24,7 +24,7 @@ from latencylab.cli import main
 from latencylab.diagnose.engine import diagnose_results, loaded
 from latencylab.diagnose.frontend import LIVE_WARMUP, diagnose
 from latencylab.diagnose.rules.periodic import find_period
-from latencylab.diagnose.types import Finding
+from latencylab.findings import Finding
 from latencylab.profiler import ProfileConfig, profile
 from latencylab.results import ProfileResult
 
@@ -33,7 +33,7 @@ WARMUP = 5
 
 def _run(pipe: Any, iterations: int) -> tuple[ProfileResult, list[Finding]]:
     res = profile(pipe, ProfileConfig(warmup=WARMUP, iterations=iterations))
-    return res, diagnose_results([loaded(res.to_dict(with_summary=False), "planted.json")])
+    return res, diagnose_results([loaded(res.to_dict(), "planted.json")])
 
 
 def _cli_findings(tmp_path: Path, *args: str) -> list[Finding]:

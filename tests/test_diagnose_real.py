@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from latencylab.analysis import save_profile
 from latencylab.cli import main
-from latencylab.diagnose.types import Finding
+from latencylab.findings import Finding
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,7 @@ def test_torch_compile_recompilation_found(tmp_path: Path, monkeypatch: pytest.M
         )
         result = profile(pipe, ProfileConfig(warmup=warmup, iterations=450, threads=1))
     assert [i for i, c in enumerate(result.iteration_meta["compiles"]) if c] == [150, 300]
-    src = result.save(tmp_path / "compiled.json")
+    src = save_profile(result, tmp_path / "compiled.json")
     out = tmp_path / "d.json"
     assert main(["diagnose", str(src), "--json", str(out)]) == 0
     rec = [f for f in _findings(out) if f.rule == "recompilation"]

@@ -25,10 +25,10 @@ from latencylab.diagnose.rules import (
     variants,
 )
 from latencylab.diagnose.rules.periodic import find_period
-from latencylab.diagnose.types import Finding, LoadedResult
 from latencylab.errors import LatencyLabError
-from latencylab.optimize.experiments import choose_buckets
-from latencylab.results import ProfileResult, StageSeries
+from latencylab.findings import Finding
+from latencylab.optimize.buckets import choose_buckets
+from latencylab.results import LoadedResult, ProfileResult, StageSeries
 
 CLEAN_ENV: dict[str, Any] = {
     "cpu": {"logical_cpus": 8, "affinity": 8, "governor": "performance"},
@@ -65,7 +65,7 @@ def _profile(
         wall_time_s=float(starts[-1] + e2e[-1]) / 1e9,
         iteration_meta={k: tuple(v) for k, v in (meta or {}).items()},
     )
-    return loaded(res.to_dict(with_summary=False), "synthetic.json")
+    return loaded(res.to_dict(), "synthetic.json")
 
 
 def _noise(n: int, median_ns: float, sigma: float = 0.05, seed: int = 0) -> np.ndarray:

@@ -38,7 +38,7 @@ def text_like(noise: float, runs: tuple[float, ...] = (1.0,), n: int = 600, seed
 
 
 def findings(*results: ProfileResult, rule: Any = variance.rule) -> list[Any]:
-    return rule([loaded(r.to_dict(with_summary=False), f"r{i}.json") for i, r in enumerate(results)])
+    return rule([loaded(r.to_dict(), f"r{i}.json") for i, r in enumerate(results)])
 
 
 def test_spread_explained_by_input_length() -> None:
@@ -66,12 +66,12 @@ def test_between_run_drift_is_its_own_share() -> None:
 
 def test_stable_or_unexplainable_runs_are_left_to_the_profiler_warning() -> None:
     stable = text_like(noise=0.01)
-    flat = ProfileResult.from_dict({**stable.to_dict(with_summary=False), "iteration_meta": {}})
+    flat = ProfileResult.from_dict({**stable.to_dict(), "iteration_meta": {}})
     assert findings(flat) == []  # unstable, but nothing recorded can explain it: the profiler's warning stands
     rng = np.random.default_rng(1)
     quiet = rng.normal(3e6, 3e4, 300).astype(np.int64)
     calm = ProfileResult.from_dict(
-        {**flat.to_dict(with_summary=False), "stages": [{"name": "f", "kind": "forward", "samples_ns": quiet.tolist()}],
+        {**flat.to_dict(), "stages": [{"name": "f", "kind": "forward", "samples_ns": quiet.tolist()}],
          "iteration_start_ns": list(range(300)), "iteration_meta": {"lengths": [[5]] * 300}}
     )  # fmt: skip
     assert findings(calm) == []
@@ -85,9 +85,9 @@ def canary(cpu_ms: float, drift: float = 0.02, steal: float = 0.0) -> dict[str, 
 
 def test_machine_speed_between_and_within_results() -> None:
     a, b = text_like(0.01), text_like(0.01, seed=1)
-    a = ProfileResult.from_dict({**a.to_dict(with_summary=False), "env": {"canary": canary(1.0)}})
+    a = ProfileResult.from_dict({**a.to_dict(), "env": {"canary": canary(1.0)}})
     slow = canary(1.3, drift=0.25, steal=0.08)
-    b = ProfileResult.from_dict({**b.to_dict(with_summary=False), "env": {"canary": slow}})
+    b = ProfileResult.from_dict({**b.to_dict(), "env": {"canary": slow}})
     got = findings(a, b, rule=machine.rule)
     titles = [f.title for f in got]
     assert "the machine's speed moved 25% while this was measured (canary)" in titles
@@ -95,8 +95,8 @@ def test_machine_speed_between_and_within_results() -> None:
     between = next(f for f in got if "slower in" in f.title)
     assert between.title.startswith("the machine was 30% slower in r1.json's run than in r0.json's")
     assert between.details["slower"] == pytest.approx(0.3)
-    same = ProfileResult.from_dict({**b.to_dict(with_summary=False), "env": {"canary": canary(1.05)}})
+    same = ProfileResult.from_dict({**b.to_dict(), "env": {"canary": canary(1.05)}})
     assert findings(a, same, rule=machine.rule) == []
     # both rules are registered and run through the engine
-    rules = {f.rule for f in diagnose_results([loaded(r.to_dict(with_summary=False), "x") for r in (a, b)])}
+    rules = {f.rule for f in diagnose_results([loaded(r.to_dict(), "x") for r in (a, b)])}
     assert {"machine-speed", "unstable-explained"} <= rules

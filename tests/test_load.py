@@ -176,7 +176,8 @@ def test_cli_capacity_search_brackets_a_single_worker_server(tmp_path: Path) -> 
     # One worker, 10 ms per request: capacity 100/s at most; p99 <= 60 ms is met well below that.
     with reference_server("--service", "constant(10ms)", "--serial") as url:
         p = _cli("--url", url, "--model", "reference", "--find-capacity", "--slo", "p99=60ms", "--start-rate", "20",
-                 "--step-duration", "3", "--precision", "0.1", "--json", str(tmp_path / "c.json"))  # fmt: skip
+                 "--step-duration", "3", "--warmup", "0.5", "--max-chunks", "4", "--precision", "0.1",
+                 "--json", str(tmp_path / "c.json"))  # fmt: skip
     assert p.returncode == 0, p.stderr
     cap = json.loads((tmp_path / "c.json").read_text())["capacity"]
     failed = [s["why"] for s in cap["steps"] if not s["passed"]]

@@ -168,7 +168,7 @@ def test_calibration_reads_only_calibration_feeds(
                 served.append(_digest(item))
             return item
 
-    monkeypatch.setattr(fam, "FeedReader", Recording)
+    monkeypatch.setattr(fam.quantisation, "FeedReader", Recording)  # where the builds construct it
     # and the held-out split is never asked for while building
     monkeypatch.setattr(adapter, "heldout", lambda: pytest.fail("held-out feeds used during a build"))
     cands = _by_name(ctx)

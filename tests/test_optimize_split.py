@@ -81,7 +81,7 @@ def _cand(clock: FakeClock, name: str, ns: int, policy: str = shapes.AS_GIVEN, b
 
 def _run(tmp_path: Path, cands: list[Candidate], clock: FakeClock, **kw: Any) -> Any:
     ctx = BuildContext(PaddedAdapter(), tmp_path)
-    return search(ctx, cands, Budget.parse("cos>=0.99"), rounds=3, per_round=2, clock=clock.mark, **kw)
+    return search(ctx, cands, Budget.parse("cos>=0.99"), rounds=3, per_round=2, clock=clock, **kw)
 
 
 def test_speedup_is_against_the_baseline_model_on_identical_inputs(tmp_path: Path) -> None:

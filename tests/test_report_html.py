@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
 from latencylab.errors import LatencyLabError
+from latencylab.findings import Evidence, Finding
+from latencylab.results import LoadedResult
 from servers import reference_server
 
 pytest.importorskip("matplotlib")
@@ -194,7 +195,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path, inputs: dict[str, Path])
     odd.write_text(json.dumps({"kind": "weather", "schema_version": 1}))
     for args, message in (
         ([str(tmp_path / "missing.json")], "no such result file"),
-        ([str(bad)], "not a readable JSON result file (JSONDecodeError)"),
+        ([str(bad)], "not a JSON result file (JSONDecodeError)"),
         ([str(odd)], "unknown result kind 'weather'; the report reads profile, load, capacity, optimize, serve"),
         ([str(inputs["profile"]), "--latency-budget", str(tmp_path / "nope.toml")], "no such budget file"),
     ):

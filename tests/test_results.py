@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from latencylab.analysis import save_profile
 from latencylab.clock import FakeClock
 from latencylab.env import fingerprint
 from latencylab.errors import LatencyLabError
@@ -25,7 +26,7 @@ def _result() -> ProfileResult:
 
 def test_round_trip_through_json(tmp_path: Path) -> None:
     res = _result()
-    path = res.save(tmp_path / "r.json")
+    path = save_profile(res, tmp_path / "r.json")
     back = load_result(path)
     assert back == res
     d = json.loads(path.read_text())

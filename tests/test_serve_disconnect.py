@@ -244,5 +244,7 @@ def test_twenty_requests_sent_and_closed_at_once_are_not_computed() -> None:
     cancelled = _metric(metrics, 'latencylab_server_requests_total{code="499",model="fake",producer="-"}')
     assert cancelled >= 15, metrics
     assert _metric(metrics, "latencylab_server_in_flight{") == 0
-    assert len(variant.batch_sizes) <= 21 - cancelled  # what was cancelled was not computed (+ the good one later)
+    # what was cancelled was not computed, except a batch already running when its client left (one worker: at
+    # most one such batch), plus the good request later
+    assert len(variant.batch_sizes) <= 21 - cancelled + 1
     assert good_s < 1.0, good_s

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from latencylab.workloads.vision import heldout_set
+from ports import free_port
 
 TESTS = Path(__file__).parent
 
@@ -133,11 +134,7 @@ def test_real_prometheus_computes_p99_with_histogram_quantile(vision_server: str
         "global:\n  scrape_interval: 1s\nscrape_configs:\n"
         f"  - job_name: latencylab\n    static_configs:\n      - targets: ['{target}']\n"
     )
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [prom, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from latencylab import stats
@@ -92,3 +93,8 @@ def analyze(
         spikes=spikes,
         warnings=tuple(warnings),
     )
+
+
+def save_profile(result: ProfileResult, path: str | Path, analysis: ProfileAnalysis | None = None) -> Path:
+    """The profile result's writer: ``result`` with its summary (``analysis``, computed now when not given)."""
+    return result.save(path, summary=(analysis or analyze(result)).summary_dict())

@@ -24,7 +24,6 @@ stage would be the first to cross its line.
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 
 from latencylab import stats
 from latencylab.errors import LatencyLabError
+from latencylab.files import read_toml
 from latencylab.results import ProfileResult
 
 if TYPE_CHECKING:
@@ -170,14 +170,7 @@ def parse_budget(doc: Mapping[str, Any], where: str = "budget") -> Budget:
 def load_budget(path: str | Path) -> Budget:
     """Read a budget TOML file (one-line errors for a missing or malformed file)."""
     p = Path(path)
-    if not p.is_file():
-        raise LatencyLabError(f"{p}: no such budget file")
-    try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LatencyLabError(f"{p}: cannot read the budget file ({exc.__class__.__name__})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise LatencyLabError(f"{p}: not valid TOML ({exc})") from exc
+    doc = read_toml(p, "budget file")
     budget = parse_budget(doc, str(p))
     return budget if budget.name else Budget(budget.deadline_ms, budget.quantile, budget.stages, budget.origin, p.stem)
 

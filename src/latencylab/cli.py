@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from latencylab import __version__
+from latencylab.cliargs import fraction, non_negative_int, positive_float, positive_int
 from latencylab.errors import LatencyLabError
 
 EXIT_USAGE = 2
@@ -28,116 +29,52 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _params(pairs: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for p in pairs:
-        key, sep, value = p.partition("=")
-        if not sep or not key:
-            raise LatencyLabError(f"--param {p!r} must look like key=value")
-        out[key.strip()] = value
-    return out
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 1")
-    return v
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
-    return v
-
-
-def _fraction(text: str) -> float:
-    v = _positive_float(text)
-    if v >= 1:
-        raise argparse.ArgumentTypeError(f"{text} must be a fraction in (0, 1), e.g. 0.99")
-    return v
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="latencylab", description="Find where inference time goes.")
     parser.add_argument("--version", action="version", version=f"latencylab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("profile", help="time every stage of an inference pipeline")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--workload", default=None, help="built-in workload: text, vision, synthetic (default text)")
-    src.add_argument("--model", help="an ONNX model file to run with ONNX Runtime")
-    src.add_argument("--pipeline", help="package.module:factory returning a latencylab Pipeline")
-    p.add_argument("--inputs", help="an .npz of inputs for --model (default: generated from declared shapes)")
-    stop = p.add_mutually_exclusive_group()
-    stop.add_argument("--iterations", type=_positive_int, help="exactly N timed iterations")
-    stop.add_argument("--min-time", type=_positive_float, help="time for at least S seconds (default 5)")
-    stop.add_argument("--adaptive", action="store_true", help="until the p99 CI is narrow enough or --max-time")
-    p.add_argument("--max-time", type=_positive_float, default=120.0, help="time cap for --adaptive (s)")
-    p.add_argument("--target-q", type=_fraction, default=0.99, help="quantile --adaptive watches (default 0.99)")
-    p.add_argument("--target-ci", type=_fraction, default=0.05, help="CI half-width to reach, relative (0.05)")
-    p.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed iterations first (default 10)")
-    p.add_argument(
-        "--runs", type=_positive_int, default=1,
-        help="separate runs (own warm-up and stopping rule each), canary between; compare's unit (default 1)",
-    )  # fmt: skip
-    p.add_argument("--threads", type=_positive_int, help="intra-op threads (torch / ONNX Runtime)")
-    p.add_argument("--batch-size", type=_positive_int, default=1)
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="workload parameter")
-    p.add_argument("--json", metavar="PATH", help="write the full result as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--latency-budget", metavar="TOML", help="budget file: end-to-end deadline and stage allowances")
+    from latencylab.profile_frontend import add_arguments as add_profile_arguments
 
-    ld = sub.add_parser("load", help="open-loop load test of an Open Inference Protocol endpoint")
+    add_profile_arguments(sub.add_parser("profile", help="time every stage of an inference pipeline"))
+
+    ld = sub.add_parser(
+        "load", help="open-loop load test of an Open Inference Protocol endpoint (or a generative one: --api)"
+    )
     ld.add_argument("--url", required=True, help="http://127.0.0.1:PORT of the OIP v2 server")
     ld.add_argument("--model", required=True, help="model name on the server")
     ld.add_argument("--model-version", help="model version (optional)")
     arr = ld.add_mutually_exclusive_group()
-    arr.add_argument("--rate", type=_positive_float, help="Poisson arrivals at this mean rate (req/s)")
+    arr.add_argument("--rate", type=positive_float, help="Poisson arrivals at this mean rate (req/s)")
     arr.add_argument("--arrivals", help="poisson:R, constant:R, step:10s@50,10s@100, ramp:0-300@60s, trace:FILE")
-    arr.add_argument("--concurrency", type=_positive_int, help="CLOSED loop with N users (hides stalls)")
-    ld.add_argument("--duration", type=_positive_float, default=None, help="seconds of sending (default 10)")
-    ld.add_argument("--max-requests", type=_positive_int, help="stop after N requests")
-    ld.add_argument("--min-requests", type=_positive_int, default=0, help="send at least N (extends the duration)")
+    arr.add_argument("--concurrency", type=positive_int, help="CLOSED loop with N users (hides stalls)")
+    ld.add_argument("--duration", type=positive_float, default=None, help="seconds of sending (default 10)")
+    ld.add_argument("--max-requests", type=positive_int, help="stop after N requests")
+    ld.add_argument("--min-requests", type=positive_int, default=0, help="send at least N (extends the duration)")
     ld.add_argument("--early-stop", action="store_true", help="stop once the --slo verdict is decided")
-    ld.add_argument("--timeout", type=_positive_float, default=30.0, help="per-request timeout (s)")
-    ld.add_argument("--connections", type=_positive_int, default=8, help="connections opened before the run")
+    ld.add_argument("--timeout", type=positive_float, default=30.0, help="per-request timeout (s)")
+    ld.add_argument("--connections", type=positive_int, default=8, help="connections opened before the run")
     ld.add_argument(
         "--payload", default="auto", help="auto (from model metadata), text (corpus), vision (JPEGs), or FILE.jsonl"
     )
     ld.add_argument("--input-name", default=None, help="input tensor name for --payload text")
-    ld.add_argument("--slo", help="latency objective, e.g. p99=100ms (verdict with --confidence)")
-    ld.add_argument("--confidence", type=_fraction, default=0.99)
-    ld.add_argument("--find-capacity", action="store_true", help="search the highest rate meeting --slo")
-    ld.add_argument("--start-rate", type=_positive_float, default=10.0)
-    ld.add_argument("--max-rate", type=_positive_float, default=100_000.0)
     ld.add_argument(
-        "--step-duration", type=_positive_float, default=8.0,
+        "--slo", action="append",
+        help="latency objective, e.g. p99=100ms (verdict with --confidence); with --api, repeatable: "
+        "ttft_p99=2s, tpot_p99=250ms, e2e_p90=10s (goodput: requests/s meeting every one)",
+    )  # fmt: skip
+    ld.add_argument("--confidence", type=fraction, default=0.99)
+    ld.add_argument("--find-capacity", action="store_true", help="search the highest rate meeting --slo")
+    ld.add_argument("--start-rate", type=positive_float, default=10.0)
+    ld.add_argument("--max-rate", type=positive_float, default=100_000.0)
+    ld.add_argument(
+        "--step-duration", type=positive_float, default=8.0,
         help="seconds per capacity chunk: a step runs 3 to --max-chunks of them until its verdict is decided",
     )  # fmt: skip
-    ld.add_argument("--max-chunks", type=_positive_int, default=8, help="capacity: chunks per step at most")
+    ld.add_argument("--max-chunks", type=positive_int, default=8, help="capacity: chunks per step at most")
     ld.add_argument("--warmup", type=float, default=2.0, help="capacity: seconds left out at each chunk's start")
-    ld.add_argument("--repeat", type=_positive_int, default=1, help="capacity: K searches; median and min-max")
-    ld.add_argument("--precision", type=_fraction, default=0.05, help="capacity bracket width (relative)")
+    ld.add_argument("--repeat", type=positive_int, default=1, help="capacity: K searches; median and min-max")
+    ld.add_argument("--precision", type=fraction, default=0.05, help="capacity bracket width (relative)")
     ld.add_argument("--token", help="bearer token sent as Authorization header")
     ld.add_argument(
         "--request-start-header",
@@ -155,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("--requests-jsonl", metavar="PATH", help="write one JSON line per request")
     ld.add_argument("--plot", metavar="DIR", help="write PNG plots (latency over time, CDF, capacity curve)")
     ld.add_argument("--quiet", action="store_true", help="no live progress")
+    from latencylab.load.gen_cli import add_gen_arguments
+
+    add_gen_arguments(ld)
 
     sv = sub.add_parser("serve", help="Open Inference Protocol server with batching and an SLO ladder")
     sv.add_argument("--config", help="TOML model repository config (see docs/serve.md)")
@@ -167,11 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--host", help="bind address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")
-    sv.add_argument("--slo-ms", type=_positive_float, help="P99 objective of the guard (default 100)")
-    sv.add_argument("--max-batch-size", type=_positive_int)
-    sv.add_argument("--max-queue-delay-ms", type=_positive_float)
-    sv.add_argument("--threads", type=_positive_int, help="torch intra-op threads")
-    sv.add_argument("--compute-workers", type=_positive_int, help="batches computed at once per variant (default 1)")
+    sv.add_argument("--slo-ms", type=positive_float, help="P99 objective of the guard (default 100)")
+    sv.add_argument("--max-batch-size", type=positive_int)
+    sv.add_argument("--max-queue-delay-ms", type=positive_float)
+    sv.add_argument("--threads", type=positive_int, help="torch intra-op threads")
+    sv.add_argument("--compute-workers", type=positive_int, help="batches computed at once per variant (default 1)")
     sv.add_argument("--token-env", help="require a bearer token: the name of the env var holding it")
     sv.add_argument(
         "--trust-request-start",
@@ -201,17 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="--model: e.g. dim.seq=64; text: padding=longest|max_length (the inputs your pipeline runs)",
     )  # fmt: skip
     op.add_argument("--budget", help='fidelity budget, e.g. "cos>=0.99,min_cos>=0.98" or "accuracy_drop<=1%%"')
-    op.add_argument("--threads", type=_positive_int, default=1, help="intra-op threads for every variant")
-    op.add_argument("--time-budget", type=_positive_float, default=600.0, help="seconds; later candidates skip")
+    op.add_argument("--threads", type=positive_int, default=1, help="intra-op threads for every variant")
+    op.add_argument("--time-budget", type=positive_float, default=600.0, help="seconds; later candidates skip")
     op.add_argument("--families", default="torch,onnxruntime", help="candidate families to try")
     op.add_argument("--only", help="comma-separated candidate names (besides the baseline)")
-    op.add_argument("--rounds", type=_positive_int, default=10, help="interleaved timing rounds")
+    op.add_argument("--rounds", type=positive_int, default=10, help="interleaved timing rounds")
     op.add_argument(
         "--seq-len", type=int, default=128,
         help="text: the length of padding=max_length and of the passages input set (0 = no passages); "
         "--model without --inputs: the guessed size of its symbolic (sequence) dimensions",
     )  # fmt: skip
-    op.add_argument("--batch-size", type=_positive_int, default=1)
+    op.add_argument("--batch-size", type=positive_int, default=1)
     op.add_argument("--out", help="directory for the chosen artifact and recipe.json")
     op.add_argument("--recipe", help="re-apply a recipe.json and measure it again")
     op.add_argument(
@@ -219,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     op.add_argument("--quiet", action="store_true")
+
+    from latencylab.optimize.experiments.frontend import add_arguments as add_experiment_arguments
+
+    ex = sub.add_parser("experiment", help="pipeline experiments: shape policy, overlap, thread and batch sweeps")
+    add_experiment_arguments(ex)
 
     dg = sub.add_parser("diagnose", help="findings with evidence from result files (profile, load, optimize, serve)")
     dg.add_argument("results", nargs="*", metavar="RESULT.json", help="result files to examine")
@@ -244,14 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--run", nargs=2, metavar=("A", "B"),
         help='measure two specs interleaved, e.g. "--workload synthetic --param ..." (the recommended CI gate)',
     )  # fmt: skip
-    cp.add_argument("--rounds", type=_positive_int, default=20, help="--run: interleaved rounds (default 20)")
-    cp.add_argument("--iterations", type=_positive_int, default=100, help="--run: timed iterations per run (100)")
-    cp.add_argument("--warmup", type=_non_negative_int, default=10, help="--run: warm-up iterations per run (10)")
+    cp.add_argument("--rounds", type=positive_int, default=20, help="--run: interleaved rounds (default 20)")
+    cp.add_argument("--iterations", type=positive_int, default=100, help="--run: timed iterations per run (100)")
+    cp.add_argument("--warmup", type=non_negative_int, default=10, help="--run: warm-up iterations per run (10)")
     cp.add_argument("--seed", type=int, default=0, help="--run: seed of the A/B order per round")
     cp.add_argument("--keep", metavar="DIR", help="--run: also write DIR/A.json and DIR/B.json")
     cp.add_argument("--strict", action="store_true", help="an undecided gate fails when its evidence says so")
     cp.add_argument("--fail-if", action="append", default=[], metavar="GATE", help='e.g. "p99>+5%%" (repeatable)')
-    cp.add_argument("--alpha", type=_fraction, default=0.05, help="significance level (default 0.05)")
+    cp.add_argument("--alpha", type=fraction, default=0.05, help="significance level (default 0.05)")
     cp.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
 
     e = sub.add_parser("env", help="environment fingerprint, lint and diff")
@@ -269,94 +214,9 @@ def _stdout_console() -> Any:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from latencylab.profile_frontend import run_profile_command
 
-    from latencylab.analysis import analyze
-    from latencylab.env import fingerprint, lint
-    from latencylab.profiler import ProfileConfig, apply_threads, profile
-    from latencylab.report.terminal import render_profile
-    from latencylab.workloads import WorkloadOptions, build_workload, load_pipeline_factory
-
-    params = _params(args.param)
-    if args.device != "cpu" and not args.device.startswith("cuda"):
-        raise LatencyLabError(f"--device must be cpu or cuda[:N], got {args.device!r}")
-    if args.device.startswith("cuda"):
-        from latencylab.clock import cuda_available
-
-        if not cuda_available():
-            raise LatencyLabError(f"--device {args.device}: no CUDA device is available on this machine")
-    if args.inputs and not args.model:
-        raise LatencyLabError("--inputs only applies with --model")
-    cfg = ProfileConfig(
-        warmup=args.warmup,
-        iterations=args.iterations,
-        min_time_s=args.min_time,
-        adaptive=args.adaptive,
-        max_time_s=args.max_time,
-        target_q=args.target_q,
-        target_rel_ci=args.target_ci,
-        threads=args.threads,
-        runs=args.runs,
-    )
-    if args.model and args.threads and "threads" not in params:
-        params["threads"] = str(args.threads)
-    if (args.workload or "text") == "synthetic":
-        params.setdefault("offset", str(args.warmup))  # injected spikes land at timed iteration numbers
-    opts = WorkloadOptions(
-        batch_size=args.batch_size,
-        seed=args.seed,
-        device=args.device,
-        model_path=args.model,
-        inputs_path=args.inputs,
-        params=params,
-    )
-    apply_threads(args.threads)
-    err = Console(stderr=True)
-    if args.pipeline:
-        pipe = load_pipeline_factory(args.pipeline, opts)
-    elif args.model:
-        pipe = build_workload("onnx", opts)
-    else:
-        pipe = build_workload(args.workload or "text", opts)
-    apply_threads(args.threads)  # again: building may have imported torch
-    env = fingerprint()
-    if args.quiet or not err.is_terminal:
-        result = profile(pipe, cfg, env=env)
-    else:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        total = (cfg.iterations or (cfg.max_time_s if cfg.adaptive else cfg.effective_min_time())) * cfg.runs
-        with Progress(
-            TextColumn("[bold]profiling[/bold] {task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[n]} it  last {task.fields[last]:.2f} ms"),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as bar:
-            task = bar.add_task(pipe.name, total=total, n=0, last=0.0)
-
-            def on_progress(n: int, elapsed: float, last_ns: int) -> None:
-                done = n if cfg.iterations else elapsed
-                bar.update(task, completed=done, n=n, last=last_ns / 1e6)
-
-            result = profile(pipe, cfg, env=env, progress=on_progress)
-    analysis = analyze(result)
-    out = _stdout_console()
-    render_profile(result, analysis, out)
-    for w in lint(dict(result.env)):  # busy: judged by what the run measured (env.run)
-        out.print(f"[yellow]env:[/yellow] {w.message} ({w.hint})")
-    budget_broken = False
-    if args.latency_budget:
-        from latencylab.budget import evaluate_budget, load_budget, render_budget_verdict
-
-        verdict = evaluate_budget(load_budget(args.latency_budget), result)
-        render_budget_verdict(verdict, out)
-        budget_broken = not verdict.ok
-    if args.json:
-        path = result.save(args.json)
-        out.print(f"wrote {path}")
-    return 1 if budget_broken else 0
+    return run_profile_command(args, _stdout_console())
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -386,6 +246,15 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
+    if args.api:
+        from latencylab.load.gen_frontend import run_gen_load_command
+
+        return run_gen_load_command(args, _stdout_console())
+    if args.prompts or args.max_tokens:
+        raise LatencyLabError("--prompts and --max-tokens need --api (a generative endpoint)")
+    if args.slo and len(args.slo) > 1:
+        raise LatencyLabError("one --slo for an OIP infer load test (several are for --api: ttft_p99=..., ...)")
+    args.slo = args.slo[0] if args.slo else None
     from latencylab.load.frontend import run_load_command
 
     return run_load_command(args, _stdout_console())
@@ -401,6 +270,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from latencylab.optimize.frontend import run_optimize_command
 
     return run_optimize_command(args, _stdout_console())
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from latencylab.optimize.experiments.frontend import run_experiment_command
+
+    return run_experiment_command(args)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -427,6 +302,7 @@ COMMANDS: dict[str, Any] = {
     "load": cmd_load,
     "serve": cmd_serve,
     "optimize": cmd_optimize,
+    "experiment": cmd_experiment,
     "diagnose": cmd_diagnose,
     "report": cmd_report,
     "compare": cmd_compare,

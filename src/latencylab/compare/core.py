@@ -46,6 +46,7 @@ import numpy.typing as npt
 from latencylab.canary import CanaryDelta, compare_canaries
 from latencylab.compare import stats as cstats
 from latencylab.errors import LatencyLabError
+from latencylab.results import read_result
 
 NOISE = 0.01
 COMPARE_VERSION = 2
@@ -76,7 +77,7 @@ def label(metric: str) -> str:
 
 # ------------------------------------------------------------------------------------------ model
 @dataclass(frozen=True, slots=True)
-class MetricDelta:
+class MetricDelta(cstats.Change):
     """The change of one metric from baseline to candidate.
 
     ``unit``: "ns" (latency), "1/s" (throughput) or "fraction" (error rate).
@@ -99,16 +100,6 @@ class MetricDelta:
     significant: bool
     flagged: bool
     enough: bool = True  # both sides have TAIL_SAMPLES beyond the quantile
-
-    @property
-    def diff(self) -> float:
-        return self.candidate - self.baseline
-
-    @property
-    def rel(self) -> float | None:
-        if self.baseline == 0:
-            return None if self.candidate == 0 else math.copysign(math.inf, self.candidate)
-        return self.diff / self.baseline
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,17 +537,6 @@ def evaluate_gate(gate: Gate, series: str, delta: MetricDelta, refuse: str = "",
 
 
 # ------------------------------------------------------------------------------------------ results in
-def read_result(path: str | Path) -> dict[str, Any]:
-    """A result file's JSON object (one-line errors for missing or unreadable files)."""
-    from latencylab.results import read_json_object
-
-    p = Path(path)
-    data = read_json_object(p)
-    if "kind" not in data:
-        raise LatencyLabError(f"{p}: not a latencylab result (no 'kind')")
-    return data
-
-
 @dataclass(frozen=True, slots=True)
 class _Side:
     """What compare needs from one result: its latency series, rate counts, env and config."""
@@ -594,9 +574,9 @@ LOAD_SERIES = {"latency": "corrected_ok", "uncorrected": "uncorrected_ok"}
 
 def _load_side(doc: Mapping[str, Any]) -> _Side:
     from latencylab.histogram import LatencyHistogram
-    from latencylab.results import SCHEMA_VERSION
+    from latencylab.results import kind_version
 
-    if doc.get("schema_version") != SCHEMA_VERSION:
+    if doc.get("schema_version") != kind_version("load"):
         raise LatencyLabError(f"unsupported load result schema_version {doc.get('schema_version')!r}")
     try:
         hists, summary = doc["histograms"], doc["summary"]
@@ -785,8 +765,8 @@ def compare_files(
     """``latencylab compare`` as a function: gates are parsed first, so a bad one fails before any work."""
     parsed = [Gate.parse(g) for g in gates]
     return compare_docs(
-        read_result(baseline),
-        read_result(candidate),
+        read_result(baseline).doc,
+        read_result(candidate).doc,
         parsed,
         alpha,
         noise,

@@ -284,6 +284,7 @@ def _run_and_compare(
 ) -> Comparison:
     from pathlib import Path
 
+    from latencylab.analysis import save_profile
     from latencylab.compare.interleave import run_interleaved
 
     parsed = [Gate.parse(g) for g in gates]  # a bad gate fails before minutes of measuring
@@ -296,8 +297,8 @@ def _run_and_compare(
     a, b = run_interleaved(specs, rounds=rounds, iterations=iterations, warmup=args.warmup, seed=args.seed)
     if args.keep:
         out = Path(args.keep)
-        console.print(f"wrote {a.save(out / 'A.json')} and {b.save(out / 'B.json')}")
+        console.print(f"wrote {save_profile(a, out / 'A.json')} and {save_profile(b, out / 'B.json')}")
     return compare_docs(
-        a.to_dict(with_summary=False), b.to_dict(with_summary=False), parsed, args.alpha, names=("A", "B"),
+        a.to_dict(), b.to_dict(), parsed, args.alpha, names=("A", "B"),
         strict=strict,
     )  # fmt: skip

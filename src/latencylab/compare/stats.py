@@ -246,8 +246,28 @@ def _replicates(b: Binned, stats: Sequence[float | str], n_boot: int, rng: np.ra
     return out
 
 
+class Change:
+    """What every delta derives from its ``baseline`` and ``candidate`` (:class:`BootDelta` here,
+    :class:`latencylab.compare.core.MetricDelta`): the difference and the relative change."""
+
+    __slots__ = ()
+    baseline: float
+    candidate: float
+
+    @property
+    def diff(self) -> float:
+        return self.candidate - self.baseline
+
+    @property
+    def rel(self) -> float | None:
+        """candidate / baseline - 1; None when both are 0, +-inf when only the baseline is."""
+        if self.baseline == 0:
+            return None if self.candidate == 0 else math.copysign(math.inf, self.candidate)
+        return self.diff / self.baseline
+
+
 @dataclass(frozen=True, slots=True)
-class BootDelta:
+class BootDelta(Change):
     """Bootstrap inference on ``candidate - baseline`` for one statistic.
 
     ``ci_*`` bound the difference, ``rel_ci_*`` the relative difference
@@ -265,14 +285,6 @@ class BootDelta:
     rel_ci_high: float | None
     p_value: float
     confidence: float
-
-    @property
-    def diff(self) -> float:
-        return self.candidate - self.baseline
-
-    @property
-    def rel(self) -> float | None:
-        return None if self.baseline == 0 else self.diff / self.baseline
 
     @property
     def significant(self) -> bool:

@@ -1,47 +1,27 @@
-"""Load result files and run every rule over them.
+"""Run every rule over result files.
 
 ``load_result`` reads any latencylab result (profile, load, optimize, the optimize experiments' kinds,
-serve...) into a :class:`LoadedResult`; a bad file is one :class:`LatencyLabError` line. Profile results are
-validated by parsing them, because the rules read them through :class:`latencylab.results.ProfileResult`.
+serve...) into a :class:`LoadedResult` through the one reader (:func:`latencylab.results.read_result`); a bad
+file is one :class:`LatencyLabError` line. ``loaded`` does the same for a document already in memory.
 ``diagnose_results`` runs every rule in :data:`latencylab.diagnose.rules.RULES` and returns the findings,
 most severe first (rule order, then source order, within a severity).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from latencylab.diagnose.types import SEVERITIES, Evidence, Finding, LoadedResult
-from latencylab.errors import LatencyLabError
-from latencylab.results import SCHEMA_VERSION, ProfileResult
+from latencylab.findings import SEVERITIES, Evidence, Finding
+from latencylab.results import LoadedResult, kind_version, loaded, read_result
 
-
-def loaded(doc: Mapping[str, Any], source: str) -> LoadedResult:
-    """A parsed result document as the rules see it (validates kind and schema version)."""
-    kind = doc.get("kind")
-    if not isinstance(kind, str) or not kind:
-        raise LatencyLabError(f"{source}: not a latencylab result (no 'kind')")
-    version = doc.get("schema_version")
-    if version is not None and version != SCHEMA_VERSION:
-        raise LatencyLabError(
-            f"{source}: unsupported schema_version {version!r} (this latencylab reads {SCHEMA_VERSION})"
-        )
-    if kind == "profile":
-        try:
-            ProfileResult.from_dict(doc)
-        except LatencyLabError as exc:
-            raise LatencyLabError(f"{source}: {exc}") from exc
-    return LoadedResult(source=source, kind=kind, doc=doc)
+__all__ = ["diagnose_results", "findings_doc", "load_result", "loaded"]
 
 
 def load_result(path: str | Path) -> LoadedResult:
     """Read one result file (any kind); raises a one-line LatencyLabError for a missing or malformed file."""
-    from latencylab.results import read_json_object
-
-    p = Path(path)
-    return loaded(read_json_object(p), str(p))
+    return read_result(path)
 
 
 def _rank(f: Finding) -> int:
@@ -80,7 +60,7 @@ def findings_doc(findings: Sequence[Finding], sources: Sequence[str] = ()) -> di
 
     return {
         "kind": "diagnose",
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": kind_version("diagnose"),
         "created_at": utc_now(),
         "sources": list(sources),
         "findings": [f.to_dict() for f in findings],

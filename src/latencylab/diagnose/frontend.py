@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from latencylab.diagnose.engine import diagnose_results, findings_doc, load_result, loaded
-from latencylab.diagnose.types import SEVERITIES, Evidence, Finding, LoadedResult
 from latencylab.errors import LatencyLabError
+from latencylab.findings import SEVERITIES, Evidence, Finding
+from latencylab.results import LoadedResult
 
 LIVE_WARMUP = 5
 LIVE_MIN_TIME_S = 3.0
@@ -251,7 +252,7 @@ def diagnose(
     elif pipeline is not None:
         live = _live_profile(_factory(pipeline), pipeline, None, deep, quiet, console)
     if live is not None:
-        results.append(loaded(live.result.to_dict(with_summary=False), live.source))
+        results.append(loaded(live.result.to_dict(), live.source))
     if not results:
         raise LatencyLabError("give result files (RESULT.json ...), --workload or --pipeline MOD:FACTORY")
     if roofline and workload is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from latencylab.diagnose.sysmetrics import Sampler, SystemMetrics
-from latencylab.diagnose.types import Evidence, Finding
+from latencylab.findings import Evidence, Finding
 from latencylab.pipeline import Pipeline
 from latencylab.profiler import ProfileConfig, profile
 from latencylab.results import ProfileResult

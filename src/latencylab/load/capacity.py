@@ -1,26 +1,50 @@
 """Capacity search: the highest offered rate whose run meets a latency SLO.
 
-Bracket, then bisect: starting from ``start_rate`` the offered (Poisson) rate
-doubles until a step fails, then binary search between the last passing and
-first failing rates until they are within ``precision`` of each other. A step
-passes when the run is valid, its ``slo.q`` latency (from the intended send
-time) is within the threshold, and at most ``max_error_fraction`` of requests
-were shed or failed. A step is cut short once the SLO is violated with the
-stated confidence at one of a few fixed looks, with a test that a single burst
-cannot pass (``early_stop``), so failing steps are cheap. The capacity is the
-best goodput (successful requests within the SLO per second) among passing
-steps. Each rate gets its own arrival seed (``step_seed``).
+Two searches live here.
+
+``search_capacity`` (``latencylab load --find-capacity``, ``benchmarks/serve_overload.py``) is built to be
+reproducible: repeated on the same machine and code its answer should move by a few percent, not by 2x.
+
+* **Warm-up excluded.** One discarded run at the start rate before the first step (lazy imports, JIT,
+  connection pools, the server's estimators), and the first ``warmup_s`` of every chunk (its queue starts
+  empty) is left out of the verdict.
+* **A statistical stopping rule per step.** A step at one rate runs in chunks of ``chunk_s`` seconds, each
+  with its own arrival seed. After each chunk the pooled requests are judged twice: the SLO quantile of the
+  successful requests (the order-statistic interval of that quantile against the threshold, i.e. a binomial
+  test on the count over the threshold) and the shed + failed fraction against ``max_error_fraction``. Each
+  test is decided only when the binomial tail over all requests *and* a batch-means t-test over 1-s blocks of
+  intended send time agree (requests sharing a queue are not independent: one burst puts ten over together,
+  which a binomial alone counts as ten witnesses). Pass when both tests pass; fail when either fails;
+  otherwise *undecided*, and the step is extended by another chunk, up to ``max_chunks``; a step still
+  undecided then is judged on its point estimates, and says so.
+* **Bracket, then bisect.** From ``start_rate`` the rate doubles until a step fails (halves until one passes),
+  then the interval between the last passing and the first failing rate is bisected until it is within
+  ``precision``.
+* **Repeats.** ``repeat_capacity`` runs K independent searches (their own seeds) and reports the median, the
+  min-max and the spread (largest deviation from the median, relative), so a capacity is never quoted
+  without its reproducibility.
+
+``find_capacity`` and ``grid_capacity`` are the older single-run steps (one run per rate, a fixed early-stop
+rule; ``benchmarks/serve_vs_peers.py`` compares servers with them on common random numbers). A step passes
+when the run is valid, its ``slo.q`` latency (from the intended send time) is within the threshold, and at
+most ``max_error_fraction`` of requests were shed or failed. The capacity is the highest passing offered rate
+and ``goodput`` (successful requests within the SLO per second) the best among passing steps. Each rate gets
+its own arrival seed (``step_seed``).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from latencylab import stats
-from latencylab.load.early_stop import EarlyStop
-from latencylab.load.generator import AbortFn
+from latencylab.load.early_stop import MIN_BLOCKS, EarlyStop
+from latencylab.load.generator import AbortFn, Records
 from latencylab.load.results import LoadResult, Slo
 
 StepFn = Callable[[float, AbortFn], LoadResult]
@@ -197,3 +221,390 @@ def find_capacity(
     else:
         reason = f"stopped after {max_steps} steps"
     return Capacity(slo.describe(), lo, best_goodput, tuple(steps), reason)
+
+
+# -- the reproducible search ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One timed run at one offered rate, as the search judges it: per request, ns from the run's origin."""
+
+    rate: float
+    intended_ns: np.ndarray
+    done_ns: np.ndarray
+    outcome: np.ndarray  # 0 ok, 1 shed, 2 error
+    valid: bool = True
+    why_invalid: str = ""
+    stopped_early: str = ""  # the abort rule's reason: the SLO was violated with confidence mid-run
+    late_fraction: float = 0.0  # of sends more than 1 ms after their intended time (the generator's own error)
+    late_only: bool = False  # invalid for that reason alone
+
+    @classmethod
+    def from_run(cls, rate: float, result: LoadResult, rec: Records) -> Segment:
+        s = result.summary
+        reasons = list(s.get("invalid_reasons", []))
+        return cls(
+            rate, rec.intended_ns, rec.done_ns, rec.outcome, bool(s.get("valid", False)), "; ".join(reasons),
+            str(s.get("stopped_early") or ""), float(s.get("late_fraction") or 0.0),
+            bool(reasons) and all(r.startswith("generator fell behind") for r in reasons),
+        )  # fmt: skip
+
+    def usable(self, max_late_fraction: float) -> bool:
+        """Valid, or late on at most ``max_late_fraction`` of its sends and otherwise valid: a late send's latency
+        still counts from its intended time, so lateness can only make the step look worse, never better."""
+        return self.valid or (self.late_only and self.late_fraction <= max_late_fraction)
+
+
+# (offered rate, seconds, seed, abort rule or None) -> one run at that rate
+MeasureFn = Callable[[float, float, int, AbortFn | None], Segment]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchConfig:
+    """How ``search_capacity`` measures (defaults: a quiet server with tens to hundreds of requests/s)."""
+
+    start_rate: float = 10.0  # first step (req/s)
+    max_rate: float = 100_000.0
+    precision: float = 0.05  # stop bisecting when first failing / last passing - 1 <= this
+    chunk_s: float = 8.0  # seconds of load per chunk (one look of the stopping rule, one observation)
+    min_chunks: int = 3  # a verdict needs at least this many (the batch-means test's observations)
+    max_chunks: int = 8  # an undecided step is extended up to this many chunks
+    warmup_s: float = 2.0  # left out at the start of every chunk (its queue starts empty)
+    search_warmup_s: float = 5.0  # one discarded run at start_rate before the first step
+    confidence: float = 0.95  # of each decided verdict (per look)
+    max_error_fraction: float = 0.01  # shed + failed, of requests sent
+    max_steps: int = 20
+    invalid_retries: int = 2  # rerun a chunk the generator invalidated (fell behind), at most this often
+    # keep a chunk invalid only for late sends when at most this fraction was late (> 1 ms): on a shared machine
+    # the 1% rule of a single load test rejects most chunks; 0.01 keeps that rule
+    max_late_fraction: float = 0.01
+    early_stop: bool = True  # abort a chunk once the SLO is violated with confidence (early_stop.EarlyStop)
+
+    def __post_init__(self) -> None:
+        if not (self.start_rate > 0 and self.max_rate >= self.start_rate):
+            raise ValueError("need 0 < start_rate <= max_rate")
+        if not (0 < self.precision < 1 and 0 < self.confidence < 1 and 0 <= self.max_error_fraction < 1):
+            raise ValueError("precision and confidence in (0, 1), max_error_fraction in [0, 1)")
+        if not (self.chunk_s > 0 and 0 <= self.warmup_s < self.chunk_s and self.search_warmup_s >= 0):
+            raise ValueError("need chunk_s > warmup_s >= 0 and search_warmup_s >= 0")
+        if not MIN_BLOCKS <= self.min_chunks <= self.max_chunks:
+            raise ValueError(f"need {MIN_BLOCKS} <= min_chunks <= max_chunks")
+        if self.max_steps < 1 or self.invalid_retries < 0:
+            raise ValueError("max_chunks and max_steps >= 1, invalid_retries >= 0")
+
+
+def decide(n: int, k: int, block_n: Sequence[int], block_k: Sequence[int], p: float, alpha: float) -> str:
+    """Is the true fraction of "over" requests <= ``p``? "pass", "fail" or "undecided".
+
+    ``k`` of ``n`` requests were over; ``block_n``/``block_k`` the same per independent block (the search: per
+    chunk). Decided only when the binomial tail over all requests (at level ``alpha``) and a one-sided
+    batch-means t-test over the blocks' fractions (>= ``MIN_BLOCKS`` blocks) agree.
+    """
+    if n <= 0:
+        return "undecided"
+    from scipy.stats import binom
+    from scipy.stats import t as student_t
+
+    bin_fail = k > 0 and float(binom.sf(k - 1, n, p)) <= alpha
+    bin_pass = float(binom.cdf(k, n, p)) <= alpha
+    fr = [b_k / b_n for b_n, b_k in zip(block_n, block_k, strict=True) if b_n > 0]
+    m = len(fr)
+    if m < MIN_BLOCKS:
+        return "undecided"
+    mean = sum(fr) / m
+    var = sum((f - mean) ** 2 for f in fr) / (m - 1)
+    # every block alike: the sign decides (a zero spread is no doubt)
+    tval = math.copysign(math.inf, mean - p) if var == 0.0 and mean != p else 0.0
+    if var > 0.0:
+        tval = (mean - p) / math.sqrt(var / m)
+    crit = float(student_t.ppf(1.0 - alpha, m - 1))
+    if bin_fail and tval > crit:
+        return "fail"
+    if bin_pass and tval < -crit:
+        return "pass"
+    return "undecided"
+
+
+@dataclass
+class _Pool:
+    """A step's chunks, pooled (warm-up removed)."""
+
+    threshold_ns: float
+    lat: list[np.ndarray] = field(default_factory=list)  # corrected latency of ok requests
+    block_sent: list[int] = field(default_factory=list)
+    block_failed: list[int] = field(default_factory=list)
+    block_ok: list[int] = field(default_factory=list)
+    block_late: list[int] = field(default_factory=list)
+    measured_s: float = 0.0
+    chunks: int = 0
+    invalid: int = 0
+    late_kept: int = 0  # chunks kept though invalid for late sends alone (SearchConfig.max_late_fraction)
+
+    def add(self, seg: Segment, warmup_s: float, chunk_s: float) -> None:
+        keep = seg.intended_ns >= int(warmup_s * 1e9)
+        intended = seg.intended_ns[keep]
+        lat = (seg.done_ns - seg.intended_ns)[keep]
+        outcome = seg.outcome[keep]
+        ok = outcome == 0
+        self.lat.append(lat[ok])
+        end_s = chunk_s if not seg.stopped_early else max(warmup_s, float(intended.max()) / 1e9 if intended.size else 0)
+        self.measured_s += max(0.0, end_s - warmup_s)
+        self.chunks += 1
+        late = ok & (lat > self.threshold_ns)
+        # One chunk, one observation of the batch-means test: chunks are independent by construction (each its
+        # own run, seed and empty queue), where 1-s blocks of one run are not (near capacity the misses come in
+        # excursions of the queue that outlast a second: a chunk without one passes 1-s blocks "clearly").
+        self.block_sent.append(int(outcome.size))
+        self.block_failed.append(int((~ok).sum()))
+        self.block_ok.append(int(ok.sum()))
+        self.block_late.append(int(late.sum()))
+
+    def latencies(self) -> np.ndarray:
+        return np.sort(np.concatenate(self.lat)) if self.lat else np.array([], dtype=np.int64)
+
+
+def _judge(pool: _Pool, slo: Slo, cfg: SearchConfig, final: bool) -> tuple[str, bool, str, dict[str, Any]]:
+    """(verdict, passed, why, figures) of a pooled step; ``final``: no more chunks, an undecided step is judged
+    on its point estimates."""
+    alpha = 1.0 - cfg.confidence
+    sent, failed = sum(pool.block_sent), sum(pool.block_failed)
+    ok, late = sum(pool.block_ok), sum(pool.block_late)
+    lat = pool.latencies()
+    name = stats.format_q(slo.q)
+    q_ms = float(lat[max(0, math.ceil(slo.q * lat.size) - 1)]) / 1e6 if lat.size else None
+    ci = stats.order_stat_ci(lat.astype(float), slo.q, cfg.confidence) if lat.size else None
+    fails_frac = failed / sent if sent else None
+    figures = {
+        "sent": sent,
+        "ok": ok,
+        "failed": failed,
+        "late": late,
+        "p50_ms": float(np.quantile(lat, 0.5)) / 1e6 if lat.size else None,
+        "p99_ms": float(lat[max(0, math.ceil(0.99 * lat.size) - 1)]) / 1e6 if lat.size else None,
+        "q_ms": q_ms,
+        "q_ci_ms": None if ci is None else [ci[0] / 1e6, ci[1] / 1e6],
+        "failed_fraction": fails_frac,
+        "measured_s": pool.measured_s,
+        "achieved_rate": sent / pool.measured_s if pool.measured_s else None,
+        "throughput_ok": ok / pool.measured_s if pool.measured_s else None,
+        "goodput": (ok - late) / pool.measured_s if pool.measured_s else None,
+    }
+    if sent == 0:
+        return "fail", False, "no request measured", figures
+    if pool.chunks < cfg.min_chunks and not final:
+        return "undecided", False, f"{pool.chunks} of at least {cfg.min_chunks} chunks", figures
+    lat_v = decide(ok, late, pool.block_ok, pool.block_late, 1.0 - slo.q, alpha) if ok else "fail"
+    err_v = decide(sent, failed, pool.block_sent, pool.block_failed, cfg.max_error_fraction, alpha)
+    slo_txt = f"{slo.threshold_ns / 1e6:g} ms"
+    q_txt = "-" if q_ms is None else f"{q_ms:.1f} ms"
+    ci_txt = "" if ci is None else f" [{ci[0] / 1e6:.1f}, {ci[1] / 1e6:.1f}]"
+    f_txt = f"{fails_frac:.1%} shed or failed"
+    if lat_v == "fail" or err_v == "fail":
+        why = f"{name} {q_txt}{ci_txt} > {slo_txt}" if lat_v == "fail" else f"{f_txt} > {cfg.max_error_fraction:.0%}"
+        return "fail", False, why, figures
+    if lat_v == "pass" and err_v == "pass":
+        return "pass", True, f"{name} {q_txt}{ci_txt} <= {slo_txt}, {f_txt}", figures
+    if not final:
+        return "undecided", False, f"{name} {q_txt}{ci_txt} vs {slo_txt}, {f_txt}: undecided", figures
+    passed = q_ms is not None and q_ms * 1e6 <= slo.threshold_ns and failed <= cfg.max_error_fraction * sent
+    why = (
+        f"undecided after {pool.chunks} chunks, judged on the point estimates: {name} {q_txt}{ci_txt} "
+        f"{'<=' if q_ms is not None and q_ms * 1e6 <= slo.threshold_ns else '>'} {slo_txt}, {f_txt}"
+    )
+    return "undecided", passed, why, figures
+
+
+def chunk_seed(seed: int, rate: float, chunk: int) -> int:
+    """Chunk ``chunk`` of the step at ``rate``: its own sample, the same for every server."""
+    return step_seed(seed + 7919 * chunk, rate)
+
+
+def measure_step(
+    measure: MeasureFn,
+    rate: float,
+    slo: Slo,
+    cfg: SearchConfig,
+    seed: int,
+    on_chunk: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """One step of ``search_capacity``: chunks at ``rate`` until the stopping rule decides (module docstring)."""
+    pool = _Pool(slo.threshold_ns)
+    verdict, passed, why = "undecided", False, ""
+    figures: dict[str, Any] = {}
+    chunk = 0
+    while pool.chunks < cfg.max_chunks:
+        seg: Segment | None = None
+        for _attempt in range(cfg.invalid_retries + 1):
+            abort = EarlyStop(slo.q, cfg.confidence) if cfg.early_stop else None
+            seg = measure(rate, cfg.chunk_s, chunk_seed(seed, rate, chunk), abort)
+            chunk += 1
+            if seg.usable(cfg.max_late_fraction) or seg.stopped_early:
+                break
+            pool.invalid += 1
+        assert seg is not None
+        if not seg.valid and seg.usable(cfg.max_late_fraction):
+            pool.late_kept += 1
+        if not seg.usable(cfg.max_late_fraction) and not seg.stopped_early:
+            # the generator's failure, not the server's: not passed, but no decided failure either
+            verdict, passed, why = "invalid", False, f"invalid run {cfg.invalid_retries + 1} times: {seg.why_invalid}"
+            break
+        pool.add(seg, cfg.warmup_s, cfg.chunk_s)
+        if seg.stopped_early:
+            _, _, _, figures = _judge(pool, slo, cfg, True)
+            verdict, passed, why = "fail", False, seg.stopped_early
+            break
+        verdict, passed, why, figures = _judge(pool, slo, cfg, pool.chunks >= cfg.max_chunks)
+        if on_chunk is not None:
+            on_chunk({"offered_rate": rate, "chunks": pool.chunks, "verdict": verdict, "why": why, **figures})
+        if verdict != "undecided":
+            break
+    return {
+        "offered_rate": rate,
+        **figures,
+        "chunks": pool.chunks,
+        "invalid_chunks": pool.invalid,
+        "late_chunks_kept": pool.late_kept,
+        "verdict": verdict,
+        "passed": passed,
+        "why": why,
+    }
+
+
+def _bracket(steps: Sequence[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(highest passing rate, lowest failing rate above it) of the steps so far."""
+    passing = [s["offered_rate"] for s in steps if s["passed"]]
+    lo = max(passing) if passing else None
+    failing = [s["offered_rate"] for s in steps if not s["passed"] and (lo is None or s["offered_rate"] > lo)]
+    return lo, (min(failing) if failing else None)
+
+
+def search_capacity(
+    measure: MeasureFn,
+    slo: Slo,
+    cfg: SearchConfig | None = None,
+    seed: int = 0,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    on_chunk: Callable[[dict[str, Any]], None] | None = None,
+) -> Capacity:
+    """The capacity at ``slo``: warm-up, then bracket and bisect with statistically judged steps (module docstring)."""
+    import scipy.stats  # noqa: F401 - imported now, not in the middle of the first timed step
+
+    cfg = cfg or SearchConfig()
+    if cfg.search_warmup_s > 0:
+        measure(cfg.start_rate, cfg.search_warmup_s, step_seed(seed + 1, cfg.start_rate), None)  # discarded
+    steps: list[dict[str, Any]] = []
+    best_goodput: float | None = None
+    rate = cfg.start_rate
+    reason = f"stopped after {cfg.max_steps} steps"
+    decided_fail = False  # the bracket's end: only a decided failure stops the doubling
+    for _ in range(cfg.max_steps):
+        step = measure_step(measure, rate, slo, cfg, seed, on_chunk)
+        steps.append(step)
+        if on_step is not None:
+            on_step(step)
+        if step["passed"]:
+            g = step.get("goodput")
+            if g is not None and (best_goodput is None or g > best_goodput):
+                best_goodput = g
+        else:
+            # an invalid step ends the doubling too: above a rate the generator cannot keep, none can be measured
+            decided_fail = decided_fail or step["verdict"] in ("fail", "invalid")
+        lo, hi = _bracket(steps)
+        if not decided_fail:
+            # An undecided step judged a failure on its point estimates (a low rate, too few requests to certify
+            # the quantile) does not end the doubling: one unlucky sample there would cap the whole search.
+            if rate >= cfg.max_rate:
+                reason = f"still passing (or undecided) at the maximum rate {cfg.max_rate:g}/s"
+                break
+            rate = min(rate * 2, cfg.max_rate)
+            continue
+        if lo is None:
+            assert hi is not None
+            if hi <= cfg.start_rate / 64:
+                reason = "fails even at the lowest rate tried"
+                break
+            rate = hi / 2
+            continue
+        if hi is None or hi / lo - 1 <= cfg.precision:
+            reason = f"bracketed within {cfg.precision:.0%}: passes at {lo:g}/s, fails at {hi:g}/s"
+            break
+        rate = (lo + hi) / 2
+    lo, _ = _bracket(steps)
+    return Capacity(slo.describe(), lo, best_goodput, tuple(steps), reason)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacitySpread:
+    """K independent searches of one server: the answer is their median, quoted with its min-max."""
+
+    slo: str
+    searches: tuple[Capacity, ...]
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        return tuple(c.capacity_rate for c in self.searches if c.capacity_rate is not None)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.rates) if self.rates else None
+
+    @property
+    def goodput(self) -> float | None:
+        g = [c.goodput for c in self.searches if c.goodput is not None]
+        return statistics.median(g) if g else None
+
+    @property
+    def spread(self) -> float | None:
+        """Largest relative deviation of a search from the median (0.08 = +/-8%); None without two answers."""
+        r, med = self.rates, self.median
+        if len(r) < 2 or not med:
+            return None
+        return max(abs(x - med) for x in r) / med
+
+    def describe(self) -> str:
+        r = self.rates
+        if not r:
+            return f"no capacity found in {len(self.searches)} searches"
+        if len(self.searches) == 1:
+            return f"{r[0]:.1f}/s"
+        missing = len(self.searches) - len(r)
+        extra = f"; {missing} searches found none" if missing else ""
+        return (
+            f"median {self.median:.1f}/s over {len(self.searches)} searches, min-max {min(r):.1f}-{max(r):.1f}/s, "
+            f"spread +/-{(self.spread or 0.0):.1%}{extra}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.rates
+        return {
+            "slo": self.slo,
+            "capacity_rate": self.median,
+            "goodput": self.goodput,
+            "min": min(r) if r else None,
+            "max": max(r) if r else None,
+            "spread": self.spread,
+            "rates": [c.capacity_rate for c in self.searches],
+            "searches": [c.to_dict() for c in self.searches],
+        }
+
+
+def repeat_capacity(
+    measure: MeasureFn,
+    slo: Slo,
+    cfg: SearchConfig | None = None,
+    repeat: int = 3,
+    seed: int = 0,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    on_search: Callable[[int, Capacity], None] | None = None,
+) -> CapacitySpread:
+    """``repeat`` searches, each with its own seeds (search r uses ``seed + 104729 r``)."""
+    if repeat < 1:
+        raise ValueError("repeat must be >= 1")
+    out = []
+    for r in range(repeat):
+        cap = search_capacity(measure, slo, cfg, seed + 104_729 * r, on_step)
+        out.append(cap)
+        if on_search is not None:
+            on_search(r, cap)
+    return CapacitySpread(slo.describe(), tuple(out))

@@ -174,9 +174,89 @@ def _verdict_decided(slo: Slo, confidence: float, min_requests: int) -> Any:
     return decided
 
 
+def _find_capacity(
+    args: argparse.Namespace, console: Console, slo: Slo, payloads: list[Payload], path: str,
+    headers: dict[str, str], env: dict[str, Any], info: dict[str, Any],
+) -> int:  # fmt: skip
+    """``--find-capacity``: ``repeat_capacity`` (load/capacity.py) over Poisson runs, printed step by step."""
+    from latencylab.load.capacity import SearchConfig, Segment, repeat_capacity
+    from latencylab.load.runner import load_test
+
+    try:
+        search = SearchConfig(
+            start_rate=args.start_rate, max_rate=args.max_rate, precision=args.precision,
+            chunk_s=args.step_duration, max_chunks=max(args.max_chunks, 3), warmup_s=args.warmup,
+            confidence=args.confidence,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise LatencyLabError(f"--find-capacity: {exc}") from exc
+
+    def measure(rate: float, seconds: float, seed: int, abort_when: Any) -> Segment:
+        cfg = LoadConfig(
+            duration_s=seconds,
+            timeout_s=args.timeout,
+            connections=args.connections,
+            headers=headers,
+            request_start_header=args.request_start_header,
+            spin=args.spin,
+        )
+        res, rec = load_test(
+            args.url, path, payloads, Poisson(rate, seed), cfg, slo, args.confidence, seed,
+            abort_when=abort_when, env=env, target_info=info,
+        )  # fmt: skip
+        return Segment.from_run(rate, res, rec)
+
+    def on_step(step: dict[str, Any]) -> None:
+        mark = {"pass": "pass", "fail": "FAIL"}.get(step["verdict"], "pass?" if step["passed"] else "FAIL?")
+        console.print(
+            escape(
+                f"  offered {step['offered_rate']:.1f}/s  achieved {step.get('achieved_rate') or 0:.1f}/s  "
+                f"{step['chunks']} x {args.step_duration:g} s  {mark}: {step['why']}"
+            )
+        )
+
+    def on_search(r: int, cap: Any) -> None:
+        rate = "none" if cap.capacity_rate is None else f"{cap.capacity_rate:.1f}/s"
+        console.print(escape(f"search {r + 1} of {args.repeat}: capacity {rate} ({cap.reason})"))
+
+    console.print(escape(f"capacity search for {slo.describe()} on {args.url}{path}"))
+    spread = repeat_capacity(measure, slo, search, args.repeat, args.seed, on_step, on_search)
+    good = "-" if spread.goodput is None else f"{spread.goodput:.1f}/s"
+    console.print(escape(f"capacity: {spread.describe()} offered, goodput {good}"))
+    first = spread.searches[0]
+    if args.plot:
+        from latencylab.load.plots import plot_capacity
+
+        out = Path(args.plot) / "capacity.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        console.print(escape(f"wrote {plot_capacity(first.steps, out, slo.threshold_ns / 1e6)}"))
+    if args.json:
+        doc = {
+            "schema_version": 1,
+            "kind": "capacity",
+            "summary": {
+                "slo": spread.slo,
+                "capacity_rate": spread.median,
+                "goodput": spread.goodput,
+                "min": min(spread.rates, default=None),
+                "max": max(spread.rates, default=None),
+                "spread": spread.spread,
+                "repeat": len(spread.searches),
+            },
+            # the first search's curve (what report draws), then every search
+            "capacity": {**first.to_dict(), "capacity_rate": spread.median, "goodput": spread.goodput},
+            "repeats": spread.to_dict(),
+            "search": {k: getattr(search, k) for k in search.__slots__},
+            "env": env,
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+        console.print(escape(f"wrote {args.json}"))
+    return 0
+
+
 def run_load_command(args: argparse.Namespace, console: Console) -> int:
     from latencylab.env import fingerprint
-    from latencylab.load.capacity import find_capacity, step_seed
     from latencylab.load.runner import load_test
 
     slo = Slo.parse(args.slo) if args.slo else None
@@ -194,62 +274,7 @@ def run_load_command(args: argparse.Namespace, console: Console) -> int:
 
     if args.find_capacity:
         assert slo is not None
-
-        def run_step(rate: float, abort_when: Any) -> LoadResult:
-            cfg = LoadConfig(
-                duration_s=args.step_duration,
-                timeout_s=args.timeout,
-                connections=args.connections,
-                headers=headers,
-                request_start_header=args.request_start_header,
-                spin=args.spin,
-            )
-            res, _ = load_test(
-                args.url, path, payloads, Poisson(rate, seed := step_seed(args.seed, rate)), cfg, slo,
-                args.confidence, seed,
-                abort_when=abort_when, env=env, target_info=info,
-            )  # fmt: skip
-            return res
-
-        def on_step(step: dict[str, Any]) -> None:
-            mark = "pass" if step["passed"] else "FAIL"
-            p99 = step["p99_ms"]
-            console.print(
-                f"  offered {step['offered_rate']:.1f}/s  achieved {step['achieved_rate'] or 0:.1f}/s  "
-                f"p99 {'-' if p99 is None else f'{p99:.1f} ms'}  {mark}: {escape(step['why'])}"
-            )
-
-        console.print(escape(f"capacity search for {slo.describe()} on {args.url}{path}"))
-        cap = find_capacity(
-            run_step,
-            slo,
-            args.start_rate,
-            args.max_rate,
-            args.precision,
-            confidence=args.confidence,
-            on_step=on_step,
-        )
-        rate = "none" if cap.capacity_rate is None else f"{cap.capacity_rate:.1f}/s"
-        good = "-" if cap.goodput is None else f"{cap.goodput:.1f}/s"
-        console.print(escape(f"capacity: {rate} offered, goodput {good} ({cap.reason})"))
-        if args.plot:
-            from latencylab.load.plots import plot_capacity
-
-            out = Path(args.plot) / "capacity.png"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            console.print(escape(f"wrote {plot_capacity(cap.steps, out, slo.threshold_ns / 1e6)}"))
-        if args.json:
-            doc = {
-                "schema_version": 1,
-                "kind": "capacity",
-                "summary": {"slo": cap.slo, "capacity_rate": cap.capacity_rate, "goodput": cap.goodput},
-                "capacity": cap.to_dict(),
-                "env": env,
-            }
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(doc, indent=1))
-            console.print(escape(f"wrote {args.json}"))
-        return 0
+        return _find_capacity(args, console, slo, payloads, path, headers, env, info)
 
     arrivals: ArrivalProcess | None
     common: dict[str, Any] = {

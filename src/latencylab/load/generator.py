@@ -34,6 +34,12 @@ a send patches the digits into a copy.
 
 Every request sent gets exactly one outcome: ok (2xx), shed (429/503),
 error (other status, transport failure, timeout); ``sent == ok + shed + error``.
+
+Streaming requests (``stream``: a generative protocol, ``latencylab.load.gen_client``) go through the same
+schedule, connections and outcomes; their connections read each answer as a token stream
+(``latencylab.load.sse``) and every request gets a ``Trace`` of its token arrival times (``Records.traces``).
+A 2xx stream that went wrong (an error event, no end marker, no token, not a stream) is an error, with the
+stream's reason.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from latencylab.load.arrivals import ArrivalProcess
 from latencylab.load.early_stop import Progress
 from latencylab.load.http import ConnectionPool, Target, build_request, build_stamped_request, stamp
 from latencylab.load.pacing import SPIN_MODES, SPIN_NS, SpinPolicy, Waker
+from latencylab.load.sse import StreamConnection, StreamKind, Trace
 
 LATE_NS = 1_000_000  # 1 ms
 LATE_FRACTION = 0.01
@@ -120,6 +127,8 @@ class Records:
     payload: np.ndarray
     errors: dict[str, int]
     retry_after: list[str]
+    # streaming runs: per request, its token arrival times (ns from the run start) and stream outcome
+    traces: list[Trace | None] | None = None
 
     @property
     def n(self) -> int:
@@ -159,11 +168,21 @@ AbortFn = Callable[[Progress], str]  # what the run knows -> reason to stop send
 class _Run:
     """State of one run on the event loop."""
 
-    def __init__(self, target: Target, path: str, payloads: Sequence[Payload], cfg: LoadConfig) -> None:
+    def __init__(
+        self, target: Target, path: str, payloads: Sequence[Payload], cfg: LoadConfig, stream: StreamKind | None = None
+    ) -> None:
         if not payloads:
             raise LatencyLabError("no payloads to send")
         self.cfg = cfg
-        self.pool = ConnectionPool(target, cfg.max_connections)
+        self.traces: list[Trace | None] | None = None
+        if stream is not None:
+            kind = stream
+            self.traces = []
+            self.pool = ConnectionPool(
+                target, cfg.max_connections, lambda pool: StreamConnection(pool, kind, self._on_trace)
+            )
+        else:
+            self.pool = ConnectionPool(target, cfg.max_connections)
         self.requests: list[bytes] = []
         self.stamp_at: list[int] = []  # offset of the X-Request-Start digits per payload (request_start_header)
         for p in payloads:
@@ -201,11 +220,17 @@ class _Run:
         self.policy = SpinPolicy(cfg.spin)
         self.spun = 0
 
+    def _on_trace(self, rid: int, trace: Trace) -> None:
+        assert self.traces is not None
+        self.traces[rid] = trace
+
     def _record(self, status: int, headers: dict[str, str], body: bytes, done: int, rid: int) -> None:
         self.inflight.pop(rid, None)
         self.done[rid] = done - self.t0
         self.status[rid] = status
-        if 200 <= status < 300:
+        trace = self.traces[rid] if self.traces is not None else None
+        stream_error = trace.error if trace is not None else ""
+        if 200 <= status < 300 and not stream_error:
             self.outcome[rid] = 0
         elif status in (429, 503):
             self.outcome[rid] = 1
@@ -213,7 +238,7 @@ class _Run:
                 self.retry_after.append(headers["retry-after"])
         else:
             self.outcome[rid] = 2
-            reason = f"HTTP {status}" if status else body.decode("utf-8", "replace")
+            reason = stream_error or (f"HTTP {status}" if status else body.decode("utf-8", "replace"))
             self.errors[reason] = self.errors.get(reason, 0) + 1
         self.completed += 1
         if self.waiting:
@@ -240,6 +265,8 @@ class _Run:
         self.outcome.append(-1)
         self.status.append(0)
         self.payload.append(payload)
+        if self.traces is not None:
+            self.traces.append(None)
         return rid
 
     def send(self, rid: int) -> None:
@@ -315,6 +342,7 @@ class _Run:
             payload=np.asarray(self.payload, dtype=np.int32),
             errors=dict(self.errors),
             retry_after=list(self.retry_after),
+            traces=None if self.traces is None else [t if t is None else t.shifted(self.t0) for t in self.traces],
         )
 
 
@@ -451,8 +479,12 @@ async def generate(
     progress: ProgressFn | None = None,
     slo_ns: float | None = None,
     abort_when: AbortFn | None = None,
+    stream: StreamKind | None = None,
 ) -> tuple[Records, RunStats]:
     """Run one load test against ``url + path`` and return the raw records and the generator's own stats.
+
+    ``stream``: read every answer as a token stream of that protocol (``latencylab.load.gen_client``);
+    ``Records.traces`` then holds each request's token times.
 
     ``abort_when(progress)`` is consulted every 50 ms (``progress.over`` counts
     completed requests slower than ``slo_ns`` or unsuccessful; see
@@ -461,7 +493,7 @@ async def generate(
     ``RunStats.stopped_early``.
     """
     target = Target.parse(url)
-    run = _Run(target, path, payloads, cfg)
+    run = _Run(target, path, payloads, cfg, stream)
     run.slo_ns = slo_ns
     if cfg.mode == "open" and arrivals is None:
         raise LatencyLabError("open-loop mode needs an arrival process")
@@ -525,9 +557,10 @@ def run_load(
     progress: ProgressFn | None = None,
     slo_ns: float | None = None,
     abort_when: AbortFn | None = None,
+    stream: StreamKind | None = None,
 ) -> tuple[Records, RunStats]:
     """Synchronous wrapper: runs ``generate`` on a fresh event loop (uvloop when installed)."""
-    coro = generate(url, path, payloads, arrivals, cfg, seed, progress, slo_ns, abort_when)
+    coro = generate(url, path, payloads, arrivals, cfg, seed, progress, slo_ns, abort_when, stream)
     if os.environ.get("LATENCYLAB_NO_UVLOOP") is None:
         try:
             import uvloop

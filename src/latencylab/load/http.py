@@ -196,9 +196,16 @@ def _parse_chunked(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
 class ConnectionPool:
     """Idle keep-alive connections to one target; opens more when all are busy (open loop needs that)."""
 
-    def __init__(self, target: Target, max_connections: int = 2048) -> None:
+    def __init__(
+        self,
+        target: Target,
+        max_connections: int = 2048,
+        factory: Callable[[ConnectionPool], Connection] | None = None,
+    ) -> None:
         self.target = target
         self.max_connections = max_connections
+        # what each connection speaks: plain request/response (Connection) or a token stream (sse.StreamConnection)
+        self._factory: Callable[[ConnectionPool], Connection] = factory or Connection
         self._idle: list[Connection] = []
         self._all: set[Connection] = set()
         self.opened = 0
@@ -210,7 +217,7 @@ class ConnectionPool:
     async def open(self) -> Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await loop.create_connection(lambda: Connection(self), self.target.host, self.target.port)
+            _, conn = await loop.create_connection(lambda: self._factory(self), self.target.host, self.target.port)
         except OSError as exc:
             raise ConnectionError(
                 f"cannot connect to {self.target.host}:{self.target.port}: {exc.strerror or exc}"

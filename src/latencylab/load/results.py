@@ -14,7 +14,9 @@ from latencylab import stats
 from latencylab.errors import LatencyLabError
 from latencylab.histogram import LatencyHistogram
 from latencylab.load.generator import LATE_FRACTION, LATE_NS, OUTCOMES, LoadConfig, Records, RunStats
-from latencylab.results import SCHEMA_VERSION, utc_now
+from latencylab.results import kind_version, utc_now, write_json
+
+SCHEMA_VERSION = kind_version("load")  # this class is the registry's "load" kind (latencylab.results.registry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,12 +281,7 @@ class LoadResult:
             raise LatencyLabError(f"malformed load result: missing {exc}") from exc
 
     def save(self, path: str | Path) -> Path:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        tmp.replace(p)
-        return p
+        return write_json(path, self.to_dict())
 
 
 def write_requests_jsonl(path: str | Path, rec: Records) -> Path:

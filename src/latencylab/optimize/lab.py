@@ -32,7 +32,8 @@ from latencylab.optimize.search import (
 )
 from latencylab.optimize.shapes import AS_GIVEN
 from latencylab.optimize.types import BuildContext, Candidate
-from latencylab.results import SCHEMA_VERSION, utc_now
+from latencylab.results import kind_version, utc_now
+from latencylab.results.optimize import OptimizeResult
 
 FAMILIES = {"torch": "latencylab.optimize.families.torch", "onnxruntime": "latencylab.optimize.families.onnxruntime"}
 
@@ -270,17 +271,14 @@ def result_dict(cfg: LabConfig, ctx: BuildContext, res: SearchResult, env: dict[
     base_p50 = base.to_dict().get("p50_ms")
     base_sets = {m.name: p for m in base.sets if (p := m.p50_ns())}
     model = ctx.adapter.describe()
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "optimize",
-        "created_at": utc_now(),
-        "summary": summary_of(res, model, cfg.threads),
-        "config": _cfg(cfg),
-        "model": model,
-        "wall_s": res.wall_s,
-        "candidates": [c.to_dict(base_p50 * 1e6 if base_p50 else None, base_sets) for c in res.candidates],
-        "env": env,
-    }
+    return OptimizeResult.build(
+        summary=summary_of(res, model, cfg.threads),
+        config=_cfg(cfg),
+        model=model,
+        wall_s=res.wall_s,
+        candidates=[c.to_dict(base_p50 * 1e6 if base_p50 else None, base_sets) for c in res.candidates],
+        env=env,
+    ).to_dict()
 
 
 def _cfg(cfg: LabConfig) -> dict[str, Any]:
@@ -487,7 +485,7 @@ def _run_lab(
             doc["artifact_error"] = f"{chosen.name}: export failed: {type(exc).__name__}: {exc}"
             artifact = None
         recipe = {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": kind_version("recipe"),
             "kind": "recipe",
             "workload": cfg.workload,
             "pipeline": cfg.pipeline,

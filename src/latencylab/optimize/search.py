@@ -7,7 +7,8 @@
    get a short latency measurement only (they are reported, but are not worth timing at length).
 3. Latency: ``rounds`` rounds; in each, every live candidate runs ``per_round`` calls, in an order
    rotated every round (A B C, B C A, ...), so machine drift and thermal state hit all of them alike.
-   Each call is one feed (cycling through the held-out feeds), timed with perf_counter_ns.
+   Each call is one feed (cycling through the held-out feeds), timed on the injected Clock (perf_counter_ns
+   by default) by :func:`latencylab.timing.time_calls`.
 4. The choice is the lowest-p50 candidate inside the budget whose p50 is below the baseline's by more
    than the noise (its p50 CI's upper end is below the baseline's p50 CI's lower end). If none is,
    the answer is "no improvement found": never a variant slower than the baseline.
@@ -18,18 +19,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from latencylab import stats as lstats
+from latencylab.clock import Clock, PerfCounterClock
 from latencylab.errors import LatencyLabError
 from latencylab.optimize.types import BuildContext, Candidate, Feed, Runner
+from latencylab.timing import now_ns, rotated, time_calls
 
 # ------------------------------------------------------------------ budget
 
@@ -322,12 +322,13 @@ def _measure_interleaved(
     sets: Mapping[str, Sequence[Feed]],
     rounds: dict[str, int],
     per_round: int,
+    clock: Clock,
     warmup: int = 3,
-    clock: Callable[[], int] = time.perf_counter_ns,
 ) -> dict[str, dict[str, list[int]]]:
-    """candidate -> set -> timed calls. Each round visits every live candidate in an order rotated by one,
-    and each visit runs ``per_round`` calls on every input set: round r runs feeds r*per_round onwards
-    (cycling), the same feeds for every candidate, so inputs of varied lengths never favour one of them."""
+    """candidate -> set -> timed calls. Each round visits every live candidate in an order rotated by one
+    (:func:`latencylab.timing.rotated`), and each visit runs ``per_round`` calls on every input set: round r
+    runs feeds r*per_round onwards (cycling), the same feeds for every candidate, so inputs of varied lengths
+    never favour one of them. Each call is timed on ``clock`` (:func:`latencylab.timing.time_calls`)."""
     names = list(runners)
     for n in names:
         for feeds in sets.values():
@@ -336,19 +337,13 @@ def _measure_interleaved(
     samples: dict[str, dict[str, list[int]]] = {n: {s: [] for s in sets} for n in names}
     max_rounds = max(rounds.values()) if rounds else 0
     for r in range(max_rounds):
-        order = names[r % len(names) :] + names[: r % len(names)] if names else []
-        for n in order:
+        for n in rotated(names, r):
             if r >= rounds[n]:
                 continue
-            run = runners[n].run
             for set_name, feeds in sets.items():
-                out = samples[n][set_name]
                 # round r runs the same feeds for every candidate: equal work, whatever the lengths
-                for k in range(r * per_round, (r + 1) * per_round):
-                    feed = feeds[k % len(feeds)]
-                    t0 = clock()
-                    run(feed)
-                    out.append(clock() - t0)
+                batch = [feeds[k % len(feeds)] for k in range(r * per_round, (r + 1) * per_round)]
+                time_calls(runners[n].run, batch, clock, samples[n][set_name])
     return samples
 
 
@@ -378,7 +373,7 @@ def search(
     time_budget_s: float | None = None,
     progress: ProgressFn | None = None,
     keep: Sequence[str] = (),
-    clock: Callable[[], int] = time.perf_counter_ns,
+    clock: Clock | None = None,
 ) -> SearchResult:
     """Build, check and time every candidate; the first is the baseline.
 
@@ -390,7 +385,8 @@ def search(
     """
     if not candidates:
         raise LatencyLabError("no candidates to search")
-    t_start = clock()
+    clk = clock or PerfCounterClock()
+    t_start = now_ns(clk)
     adapter = ctx.adapter
     try:
         sets = ctx.input_sets()
@@ -405,7 +401,7 @@ def search(
     reference: dict[str, np.ndarray] = {}
 
     def over_time() -> bool:
-        return time_budget_s is not None and (clock() - t_start) / 1e9 > time_budget_s
+        return time_budget_s is not None and (now_ns(clk) - t_start) / 1e9 > time_budget_s
 
     for i, cand in enumerate(candidates):
         if progress is not None:
@@ -426,7 +422,7 @@ def search(
         if i > 0 and cand.name not in keep and over_time():
             results[cand.name] = mk("skipped", TIME_CAP_REASON)
             continue
-        t0 = clock()
+        t0 = now_ns(clk)
         try:
             runner = cand.build(ctx)
             ran = {name: _run_set(runner, feeds) for name, feeds in sets.items()}
@@ -436,7 +432,7 @@ def search(
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             results[cand.name] = mk("failed", f"build failed: {type(exc).__name__}: {msg}"[:300])
             continue
-        build_s = (clock() - t0) / 1e9
+        build_s = (now_ns(clk) - t0) / 1e9
         run_stats = dict(getattr(runner, "stats", {}) or {})
         _, seq_lens, per_call = ran[primary]
         if per_call is not None:
@@ -468,7 +464,7 @@ def search(
     if progress is not None:
         progress("timing (interleaved)", len(candidates), total)
     plan = {n: (rounds if results[n].status in ("baseline", "inside-budget") else short_rounds) for n in runners}
-    samples = _measure_interleaved(runners, sets, plan, per_round, clock=clock)
+    samples = _measure_interleaved(runners, sets, plan, per_round, clk)
     for n, runner in runners.items():
         with contextlib.suppress(Exception):
             runner.close()
@@ -512,12 +508,6 @@ def search(
         budget=budget.text,
         candidates=tuple(results[c.name] for c in candidates),
         pareto=pareto_front(points),
-        wall_s=(clock() - t_start) / 1e9,
+        wall_s=(now_ns(clk) - t_start) / 1e9,
         sets=tuple(sets),
     )
-
-
-def copy_artifact(src: Path, dst: Path) -> Path:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
-    return dst

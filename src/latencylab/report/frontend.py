@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from latencylab.diagnose.types import Finding, LoadedResult
 from latencylab.errors import LatencyLabError, require
-from latencylab.results import SCHEMA_VERSION
+from latencylab.findings import Finding
+from latencylab.results import LoadedResult, read_result
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -28,27 +27,13 @@ KINDS: dict[str, tuple[str, ...]] = {
 
 
 def load_input(path: str | Path) -> LoadedResult:
-    """One result file as a :class:`LoadedResult`; one-line errors for a missing, unreadable or unknown file."""
-    p = Path(path)
-    if not p.is_file():
-        raise LatencyLabError(f"{p}: no such result file")
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise LatencyLabError(f"{p}: not a readable JSON result file ({exc.__class__.__name__})") from exc
-    if not isinstance(doc, dict):
-        raise LatencyLabError(f"{p}: not a latencylab result (a JSON object with a 'kind')")
-    kind = doc.get("kind")
-    if kind not in KINDS:
-        raise LatencyLabError(f"{p}: unknown result kind {kind!r}; the report reads {', '.join(KINDS)}")
-    if doc.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise LatencyLabError(
-            f"{p}: schema_version {doc.get('schema_version')!r}, this latencylab reads {SCHEMA_VERSION}"
-        )
-    missing = [k for k in KINDS[kind] if k not in doc]
+    """One result file as a :class:`LoadedResult` (:func:`latencylab.results.read_result`); one-line errors for a
+    missing, unreadable or unknown file, or one that lacks what the report draws."""
+    r = read_result(path, accept=KINDS, reader="the report")
+    missing = [k for k in KINDS[r.kind] if k not in r.doc]
     if missing:
-        raise LatencyLabError(f"{p}: malformed {kind} result: missing {', '.join(missing)}")
-    return LoadedResult(source=str(p), kind=str(kind), doc=doc)
+        raise LatencyLabError(f"{r.source}: malformed {r.kind} result: missing {', '.join(missing)}")
+    return r
 
 
 def load_inputs(paths: Sequence[str | Path]) -> list[LoadedResult]:

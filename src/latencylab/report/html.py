@@ -1,6 +1,6 @@
 """Assemble the one-file HTML report: inline CSS, figures as ``data:`` URIs, no script, no network.
 
-The document is built from :class:`~latencylab.diagnose.types.LoadedResult` values (file, kind, parsed
+The document is built from :class:`~latencylab.results.LoadedResult` values (file, kind, parsed
 JSON), an optional latency budget and the findings of ``diagnose``. Sections appear only when some input
 feeds them, in this order: inputs at a glance, findings, latency budget, latency distribution, stage
 breakdown, latency over time, latency vs throughput, optimisation (Pareto front), SLO guard ladder.
@@ -19,11 +19,11 @@ from typing import Any
 
 from latencylab import __version__, stats
 from latencylab.budget import Budget, BudgetVerdict, evaluate_budget
-from latencylab.diagnose.types import SEVERITIES, Finding, LoadedResult
 from latencylab.errors import LatencyLabError, MissingDependencyError
+from latencylab.findings import SEVERITIES, Finding
 from latencylab.load.results import LoadResult
 from latencylab.report import figures
-from latencylab.results import ProfileResult, utc_now
+from latencylab.results import LoadedResult, ProfileResult, utc_now
 
 __all__ = ["ReportInput", "render_report"]
 

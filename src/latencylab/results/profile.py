@@ -1,17 +1,16 @@
-"""Frozen, versioned, JSON-serialisable result types.
+"""The ``profile`` result: raw per-stage samples of one ``latencylab profile`` run.
 
 Raw samples (integer nanoseconds) are the source of truth; every percentile,
-share and warning is derived from them (see ``analysis``). Each result carries
-the environment fingerprint it was measured in and ``schema_version``.
+share and warning is derived from them (see ``analysis``, which computes the
+summary the writer stores beside them: :func:`latencylab.analysis.save_profile`).
+Each result carries the environment fingerprint it was measured in and ``schema_version``.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +18,9 @@ import numpy as np
 import numpy.typing as npt
 
 from latencylab.errors import LatencyLabError
+from latencylab.results.base import kind_version, utc_now, write_json
 
-SCHEMA_VERSION = 1
-
-
-def read_json_object(path: str | Path) -> dict[str, Any]:
-    """A result file's top-level JSON object, with one-line errors for a missing or unreadable file."""
-    p = Path(path)
-    if not p.is_file():
-        raise LatencyLabError(f"{p}: no such result file")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LatencyLabError(f"{p}: not a JSON result file ({exc.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise LatencyLabError(f"{p}: not a latencylab result (top level is not an object)")
-    return data
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+SCHEMA_VERSION = kind_version("profile")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,17 +122,17 @@ class ProfileResult:
     def end_to_end_ns(self) -> npt.NDArray[np.int64]:
         return np.sum([s.array() for s in self.stages], axis=0).astype(np.int64)
 
-    def to_dict(self, with_summary: bool = True) -> dict[str, Any]:
+    def to_dict(self, summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The JSON document; ``summary`` (derived figures, computed by the writer, e.g.
+        :func:`latencylab.analysis.save_profile`) is stored after the header when given."""
         d: dict[str, Any] = {
             "schema_version": self.schema_version,
             "kind": self.kind,
             "created_at": self.created_at,
             "workload": self.workload,
         }
-        if with_summary:
-            from latencylab.analysis import analyze
-
-            d["summary"] = analyze(self).summary_dict()
+        if summary is not None:
+            d["summary"] = dict(summary)
         d.update(
             {
                 "clock": self.clock,
@@ -203,24 +185,13 @@ class ProfileResult:
         except (KeyError, TypeError, ValueError) as exc:
             raise LatencyLabError(f"malformed profile result: {exc!r}") from exc
 
-    def save(self, path: str | Path) -> Path:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        tmp.replace(p)  # never leave a half-written result behind
-        return p
+    def save(self, path: str | Path, summary: Mapping[str, Any] | None = None) -> Path:
+        """Write the result (atomically), with ``summary`` when the writer computed one."""
+        return write_json(path, self.to_dict(summary))
 
 
 def load_result(path: str | Path) -> ProfileResult:
-    """Read a result file written by ``save`` (one-line errors for bad files)."""
-    p = Path(path)
-    if not p.is_file():
-        raise LatencyLabError(f"{p}: no such result file")
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LatencyLabError(f"{p}: not a JSON result file ({exc.__class__.__name__})") from exc
-    if not isinstance(data, dict):
-        raise LatencyLabError(f"{p}: not a latencylab result")
-    return ProfileResult.from_dict(data)
+    """Read a profile result file (one-line errors for bad files)."""
+    from latencylab.results.reader import read_document
+
+    return ProfileResult.from_dict(read_document(path))

@@ -16,15 +16,16 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from latencylab.diagnose.types import Evidence, Finding
 from latencylab.errors import LatencyLabError, require
-from latencylab.roofline.flops import Work, mean_work, shape_work, workload_work, works_at_lengths
+from latencylab.findings import Evidence, Finding
+from latencylab.roofline.flops import Work, shape_work, workload_work, works_at_lengths
 from latencylab.roofline.model import LeverContext, RooflinePoint, attainable_gflops, place
 from latencylab.roofline.peaks import Peaks, load_or_measure
 from latencylab.roofline.theory import DTYPES, CpuInfo, TheoreticalPeak, read_cpu, theoretical_peaks
+from latencylab.threads import TorchThreads
 
 RULE = "roofline"
 PEAKS_RULE = "roofline-peaks"
@@ -122,23 +123,18 @@ def time_forward(
         m, cast = _variant(model, d)
         variants[d] = (m, tuple(cast(a) for a in args))
     samples: dict[str, list[float]] = {d: [] for d in dtypes}
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.inference_mode():
-            for m, a in variants.values():
-                m(*a)  # warm-up: weight packing, first-touch allocations
-                m(*a)
-            order = list(dtypes)
-            for r in range(rounds):
-                for d in order[r % len(order) :] + order[: r % len(order)]:
-                    m, a = variants[d]
-                    for _ in range(per_round):
-                        t0 = time.perf_counter()
-                        m(*a)
-                        samples[d].append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(old)
+    with TorchThreads(threads), torch.inference_mode():
+        for m, a in variants.values():
+            m(*a)  # warm-up: weight packing, first-touch allocations
+            m(*a)
+        order = list(dtypes)
+        for r in range(rounds):
+            for d in order[r % len(order) :] + order[: r % len(order)]:
+                m, a = variants[d]
+                for _ in range(per_round):
+                    t0 = time.perf_counter()
+                    m(*a)
+                    samples[d].append(time.perf_counter() - t0)
     return {d: statistics.median(s) for d, s in samples.items()}
 
 
@@ -350,9 +346,10 @@ def place_optimize_result(
     """Every timed variant (one with a p50) of an ``optimize`` result on the roofline, each credited with
     the work it did and the bytes its dtype moves.
 
-    A text variant's work is the mean, over the primary held-out set's calls, of the work at the shape each
-    call really ran (``stats.seq_lens`` after the variant's shape policy: a variant that trims padding is
-    credited with the real tokens only, a padded one with every position); the work at each distinct
+    A text variant's work is the work of its median-length call on the primary held-out set (the call its
+    p50 time belongs to, since time grows with length), at the shape that call really ran
+    (``stats.seq_lens`` after the variant's shape policy: a variant that trims padding is credited with the
+    real tokens only, a padded one with every position); the work at each distinct
     (batch, length) of the document is counted once (``work_at``, default :func:`shape_counter`; see
     :func:`~latencylab.roofline.flops.works_at_lengths`), since attention makes it superlinear in the
     length. Its padded share is 1 - (fewest positions per call any variant of the document ran) / (its
@@ -380,8 +377,10 @@ def place_optimize_result(
             fewest = min(tokens for _, _, tokens in shapes.values())
             for name, (batch, lens, tokens) in shapes.items():
                 pad = max(0.0, 1.0 - fewest / tokens)
-                per_len = [(counted[batch][n], k) for n, k in sorted(lens.items())]
-                works[name] = mean_work(per_len, padding_fraction=pad)
+                # the p50 call is the median-length call (time grows with length): its work is the one to
+                # divide by the p50 time, not the mean work, which long inputs pull up
+                median_len = sorted(lens.elements())[(sum(lens.values()) - 1) // 2]
+                works[name] = replace(counted[batch][median_len], padding_fraction=pad)
     if work is None and len(works) < len(timed):  # the document's shape, as the baseline ran it
         seq = model.get("seq_len", cfg.get("seq_len", 128))
         work = workload_work(workload, batch_size, seq)

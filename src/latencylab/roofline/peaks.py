@@ -20,18 +20,18 @@ version) as JSON under ``$LATENCYLAB_CACHE/roofline``; :func:`load_or_measure` r
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from latencylab.errors import require
+from latencylab.threads import TorchThreads
 
 PEAKS_VERSION = 2  # bump when the methods or sizes change: older cache records are re-measured
 
@@ -211,9 +211,9 @@ def measure_peaks(
     repeats = 3 if quick else 5
     max_n = 512 if quick else 2048
     mib = 48 if quick else 128
-    with _threads(torch, counts[0]):
+    with TorchThreads(counts[0]) as th:
         for t in counts:
-            torch.set_num_threads(t)
+            th.set(t)
             for dtype, method, make in _gemms(torch):
                 compute.append(_gemm_peak(dtype, t, method, make, target, repeats, max_n))
             bandwidth.extend(_bandwidth(torch, t, mib, 4 if quick else 10))
@@ -337,16 +337,6 @@ def _best_of(fn: Callable[[], Any], repeats: int, warmup: int = 0) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-@contextlib.contextmanager
-def _threads(torch: Any, n: int) -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def _torch() -> Any:

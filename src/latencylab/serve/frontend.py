@@ -116,9 +116,18 @@ def run_serve_command(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
+    recorder = None
+    if getattr(args, "timeline", None):  # the guard's ladder over time, for `latencylab report`
+        from latencylab.serve.timeline import TimelineRecorder
+
+        recorder = TimelineRecorder(state, args.timeline).start()
     try:
         run_server(state, listening)
     except OSError as exc:
         raise LatencyLabError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}") from exc
+    finally:
+        if recorder is not None:
+            for path in recorder.stop():
+                print(f"wrote ladder timeline {path}", file=sys.stderr)
     print("server stopped", file=sys.stderr)
     return 0

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from latencylab.errors import LatencyLabError, require
+from latencylab.threads import TorchThreads
 
 if TYPE_CHECKING:
     import torch
@@ -134,33 +135,28 @@ def train_model(
     n = int(images.shape[0])
     steps_per_epoch = (n + config.batch_size - 1) // config.batch_size
     total_steps = config.epochs * steps_per_epoch
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
-        # fork_rng: seeding here must not change the caller's global RNG stream.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
-            model = build_model(config.width)
-            gen = torch.Generator().manual_seed(config.seed)
-            opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=total_steps)
-            loss_fn = torch.nn.CrossEntropyLoss()
-            model.train()
-            step = 0
-            for _ in range(config.epochs):
-                order = torch.randperm(n, generator=gen)
-                for start in range(0, n, config.batch_size):
-                    if max_steps is not None and step >= max_steps:
-                        break
-                    idx = order[start : start + config.batch_size]
-                    loss = loss_fn(model(images[idx]), labels[idx])
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    sched.step()
-                    step += 1
-    finally:
-        torch.set_num_threads(old_threads)
+    # fork_rng: seeding here must not change the caller's global RNG stream.
+    with TorchThreads(config.threads), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = build_model(config.width)
+        gen = torch.Generator().manual_seed(config.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.lr, total_steps=total_steps)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        model.train()
+        step = 0
+        for _ in range(config.epochs):
+            order = torch.randperm(n, generator=gen)
+            for start in range(0, n, config.batch_size):
+                if max_steps is not None and step >= max_steps:
+                    break
+                idx = order[start : start + config.batch_size]
+                loss = loss_fn(model(images[idx]), labels[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                step += 1
     return model.eval()
 
 

@@ -21,7 +21,8 @@ from latencylab.diagnose.rules import (
     variance,
     variants,
 )
-from latencylab.diagnose.types import Finding, LoadedResult
+from latencylab.findings import Finding
+from latencylab.results import LoadedResult
 
 Rule = Callable[[Sequence[LoadedResult]], list[Finding]]
 

@@ -7,8 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from latencylab.diagnose.types import LoadedResult
-from latencylab.results import ProfileResult
+from latencylab.results import LoadedResult, ProfileResult
 
 
 def of_kind(results: Sequence[LoadedResult], kind: str) -> Iterator[LoadedResult]:

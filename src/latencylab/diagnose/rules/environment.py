@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from latencylab import env as envmod
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
+from latencylab.findings import Evidence, Finding
+from latencylab.results import LoadedResult
 
 NOISY = {"busy": "warning", "debugger": "critical", "coverage": "critical", "debug-build": "critical",
          "governor": "warning", "turbo": "info", "steal": "warning"}  # fmt: skip

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from latencylab.canary import STEAL_WARN, THRESHOLD, compare_canaries
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
+from latencylab.findings import Evidence, Finding
+from latencylab.results import LoadedResult
 
 RULE = "machine-speed"
 

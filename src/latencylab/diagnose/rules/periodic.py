@@ -28,8 +28,8 @@ import numpy.typing as npt
 
 from latencylab.diagnose.rules.common import effect, iteration_list, of_kind, profiles, tail_iterations
 from latencylab.diagnose.rules.spikes import _compile_events, _explained_by_compiles, find_stalls, stage_excess
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
-from latencylab.results import ProfileResult
+from latencylab.findings import Evidence, Finding
+from latencylab.results import LoadedResult, ProfileResult
 
 RULE = "periodic-swings"
 MIN_ACF = 0.3

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from latencylab.diagnose.rules.common import pct, profiles, stage_shares
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
+from latencylab.findings import Evidence, Finding
+from latencylab.results import LoadedResult
 
 RULE = "preprocess-dominates"
 DATA_KINDS = ("load", "preprocess")
@@ -72,7 +73,7 @@ def rule(results: Sequence[LoadedResult]) -> list[Finding]:
         remedies = [x for s in data for x in _remedies(s.name, s.kind)]
         remedies.append(
             "overlap the data path with the forward pass (double buffering: prepare input i+1 while the model runs "
-            "input i; `python -m latencylab.optimize.experiments` measures it on the vision workload)"
+            "input i; `latencylab experiment` measures it on the vision workload)"
         )
         out.append(
             Finding(

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
 from latencylab.errors import LatencyLabError
+from latencylab.findings import Evidence, Finding
+from latencylab.results import LoadedResult
 
 RULE = "roofline"
 

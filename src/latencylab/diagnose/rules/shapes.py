@@ -2,13 +2,13 @@
 
 Data: a profile whose pipeline probe recorded per-iteration ``shape`` (the padded shape the model ran on)
 and optionally ``lengths`` (the real length of each item; the text workload records both), or the shape
-policy experiment (kind ``shape-policy``, ``python -m latencylab.optimize.experiments``).
+policy experiment (kind ``shape-policy``, ``latencylab experiment``).
 
 Figures: *padding waste* = padded positions per real position, sum(padded - real) / sum(real) (as in the
 shape-policy experiment). For a profile run one item at a time the current waste can be 0 while the
 shapes still vary; batching those inputs in arrival order, ``BATCH`` at a time, padded to the longest, is
 what a plain dynamic batcher would do, so that waste is reported too. The recommended bucket edges come
-from :func:`latencylab.optimize.experiments.choose_buckets` (min-waste, 3 edges, 95% of inputs fit the
+from :func:`latencylab.optimize.buckets.choose_buckets` (min-waste, 3 edges, 95% of inputs fit the
 largest, rounded up to multiples of 8) plus a last bucket at the longest length seen; the waste they leave
 is each item padded to its bucket.
 
@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from latencylab.diagnose.rules.common import meta_column, of_kind, profiles
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
-from latencylab.optimize.experiments import bucket_for, choose_buckets
-from latencylab.results import ProfileResult
+from latencylab.findings import Evidence, Finding
+from latencylab.optimize.buckets import bucket_for, choose_buckets
+from latencylab.results import LoadedResult, ProfileResult
 
 RULE = "shape-variance"
 BATCH = 8
@@ -178,7 +178,7 @@ def _profile_finding(
             f"{bucketed:.2f} instead of "
             f"{max(current, naive):.2f}; static-shape compilers (torch.compile dynamic=False, TensorRT optimisation "
             f"profiles) then see {len(edges) + 1} shapes instead of {distinct}; "
-            "`python -m latencylab.optimize.experiments` measures fixed vs exact vs bucketed padding"
+            "`latencylab experiment` measures fixed vs exact vs bucketed padding"
         ),
         source=r.source,
         details={

@@ -12,7 +12,7 @@ end-to-end median; candidates that recur every ``g`` iterations (:func:`find_reg
 the slots ``phase + k g``, at least 4 times, and 3x more often than candidates fall elsewhere) are *repeated
 pauses*. An
 *isolated stall* is >= 10 spreads, >= 2x the stage's median and >= the end-to-end median (the iteration at
-least doubled).
+least doubled); they are reported when they cost at least 1% of the end-to-end time or 5% of the p99.
 
 When the profile carries compile events (``iteration_meta.compiles``: recorded by the profiler itself when
 torch.compile runs, see ``latencylab.autoprobe``, or by a pipeline probe), a spike that starts within one
@@ -44,11 +44,13 @@ from latencylab.diagnose.rules.common import (
     shape_text,
     time_range_s,
 )
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
-from latencylab.results import ProfileResult
+from latencylab.findings import Evidence, Finding
+from latencylab.results import LoadedResult, ProfileResult
 
 MAX_STALLS_LISTED = 5
 MAX_EVENT_FINDINGS = 3  # more compile events than this are one finding
+STALL_MIN_SHARE = 0.01  # isolated stalls below this share of the end-to-end time ...
+STALL_MIN_P99_GAIN = 0.05  # ... and moving the p99 by less than this are machine noise, not a finding
 PAUSE_SIGMAS, PAUSE_REL_STAGE, PAUSE_REL_E2E = 6.0, 0.5, 0.25
 STALL_SIGMAS, STALL_REL_STAGE, STALL_REL_E2E = 10.0, 2.0, 1.0
 MIN_REPEATS, MIN_COVERAGE, ALPHA = 5, 0.6, 1e-3
@@ -278,6 +280,14 @@ def _pause_finding(r: LoadedResult, prof: ProfileResult, p: Pause) -> Finding:
     )
 
 
+def _stalls_matter(prof: ProfileResult, stalls: list[Stall]) -> bool:
+    """A few isolated stalls are what any shared machine does (a preemption, a page fault): they are a finding
+    only when they cost something, i.e. at least ``STALL_MIN_SHARE`` of the end-to-end time, or a p99 that
+    would be ``STALL_MIN_P99_GAIN`` lower without them."""
+    eff = effect(prof.end_to_end_ns(), [s.iteration for s in stalls], [s.excess_ns for s in stalls])
+    return eff["share"] >= STALL_MIN_SHARE or eff["p99_without_ms"] <= (1 - STALL_MIN_P99_GAIN) * eff["p99_ms"]
+
+
 def _stall_finding(r: LoadedResult, prof: ProfileResult, stalls: list[Stall]) -> Finding:
     e2e = prof.end_to_end_ns()
     baseline = float(np.median(e2e))
@@ -388,7 +398,7 @@ def _profile_findings(r: LoadedResult, prof: ProfileResult) -> list[Finding]:
     pause, stalls = find_stalls(prof, _explained_by_compiles(events) | shifted)
     if pause is not None:
         out.append(_pause_finding(r, prof, pause))
-    if stalls:
+    if stalls and _stalls_matter(prof, stalls):
         out.append(_stall_finding(r, prof, stalls))
     if rest:
         where = ", ".join(f"iteration {ev[0]} (shape {shape_text(ev[2])})" for ev in rest[:MAX_STALLS_LISTED])

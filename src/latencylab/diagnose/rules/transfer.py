@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from latencylab.diagnose.rules.common import pct, profiles, stage_shares
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
+from latencylab.findings import Evidence, Finding
+from latencylab.results import LoadedResult
 
 RULE = "transfer-blocking"
 MIN_SHARE = 0.15

@@ -29,8 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from latencylab.diagnose.rules.common import meta_column, pct, profiles
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
-from latencylab.results import ProfileResult
+from latencylab.findings import Evidence, Finding
+from latencylab.results import LoadedResult, ProfileResult
 from latencylab.stats import IQR_WARN
 
 RULE = "unstable-explained"

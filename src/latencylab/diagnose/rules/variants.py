@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from latencylab.diagnose.rules.common import of_kind
-from latencylab.diagnose.types import Evidence, Finding, LoadedResult
+from latencylab.findings import Evidence, Finding
+from latencylab.results import LoadedResult
 
 SLOWER = 1.05
 FASTER = 1.05

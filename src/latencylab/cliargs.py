@@ -1,0 +1,55 @@
+"""Argument types and parsing helpers shared by the subcommands' parsers (each one-line on a bad value)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from latencylab.errors import LatencyLabError
+
+__all__ = ["fraction", "non_negative_int", "params", "positive_float", "positive_int"]
+
+
+def params(pairs: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise LatencyLabError(f"--param {p!r} must look like key=value")
+        out[key.strip()] = value
+    return out
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"{text} must be >= {low}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return v
+
+
+def fraction(text: str) -> float:
+    v = positive_float(text)
+    if v >= 1:
+        raise argparse.ArgumentTypeError(f"{text} must be a fraction in (0, 1), e.g. 0.99")
+    return v

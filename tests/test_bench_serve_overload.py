@@ -1,0 +1,50 @@
+"""benchmarks/serve_overload.py's verdict over repeated runs (the script itself runs servers; this part does not)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import serve_overload as so
+
+
+def _run(cap: float, p99s: list[float], goodput: float, passed: bool = True) -> dict[str, Any]:
+    wins = [{"p99_ms": p, "from_s": 10.0 * i, "to_s": 10.0 * (i + 1)} for i, p in enumerate(p99s)]
+    ll = {"offered_rate": 2 * cap, "sent": 100, "ok": 60, "shed": 40, "error": 0, "p99_ms": max(p99s),
+          "windows": wins, "goodput": goodput}  # fmt: skip
+    return {
+        "capacity": {"capacity_rate": cap, "goodput": cap},
+        "latencylab": ll,
+        "naive": {"windows": [{"p99_ms": 40.0}, {"p99_ms": 4000.0}]},
+        "goodput_fraction": goodput / cap,
+        "worst_window_p99_ms": max(p99s[1:]),
+        "load_before": (0.5, 0.5, 0.5),
+        "checks": [{"check": "x", "passed": passed}],
+    }
+
+
+def test_runs_that_pass_with_capacities_within_10_percent_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    out: dict[str, Any] = {}
+    so.report(out, [_run(200, [35, 28, 29], 190), _run(210, [31, 27, 29], 200), _run(190, [30, 29, 28], 180)], 30.0)
+    text = capsys.readouterr().out
+    assert out["all_passed"]
+    assert out["capacity_spread"] == {"median": 200, "min": 190, "max": 210, "spread": pytest.approx(0.05)}
+    assert "median 200.0/s, min-max 190.0-210.0/s, spread +/-5.0%" in text
+    assert "PASS  every claim in every run (3 of 3 runs pass)" in text
+    assert "| 1 | 200.0 (200.0) | 400.0 | 100 = 60 + 40 + 0 |" in text
+
+
+def test_one_failing_run_or_a_wide_spread_fails_the_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    out: dict[str, Any] = {}
+    so.report(out, [_run(200, [35, 28], 190), _run(200, [31, 33], 200, passed=False), _run(200, [30, 29], 190)], 30.0)
+    assert not out["all_passed"]
+    assert "FAIL  every claim in every run (2 of 3 runs pass)" in capsys.readouterr().out
+    out = {}
+    so.report(out, [_run(150, [29, 28], 150), _run(200, [29, 29], 190), _run(240, [29, 28], 230)], 30.0)
+    text = capsys.readouterr().out
+    assert not out["all_passed"] and "FAIL  capacities agree within +/-10% (+/-25.0%)" in text
