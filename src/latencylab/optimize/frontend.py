@@ -56,6 +56,9 @@ def render(doc: dict[str, Any], console: Console) -> None:
     if s.get("total_speedup") and s.get("pipeline_speedup"):
         console.print(f"total on the declared inputs: {s['total_speedup']:.2f}x = {s['speedup']:.2f}x (model, equal "
                       f"work) x {s['pipeline_speedup']:.2f}x (pipeline: {s.get('input_policy')})")  # fmt: skip
+    elif s.get("speedup"):
+        console.print(f"speed-up at equal work: {s['speedup']:.2f}x; pipeline speed-up: none (the choice runs the "
+                      "inputs as declared)")  # fmt: skip
     if s.get("skipped_by_time_cap"):
         cut = s["skipped_by_time_cap"]
         console.print(f"[yellow]the time cap cut {len(cut)} candidate(s): {', '.join(cut)}[/yellow]")
