@@ -1,4 +1,5 @@
-"""Start latencylab's reference OIP server in its own process (so it never shares the generator's GIL)."""
+"""Servers for tests: latencylab's reference servers in their own processes (so they never share the
+generator's GIL), latencylab's own server in a thread, and a recording HTTP server."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 import numpy as np
 
 
 @contextmanager
-def reference_server(*args: str) -> Iterator[str]:
+def module_server(module: str, *args: str) -> Iterator[str]:
+    """``python -m module --port 0 *args`` in its own process; yields the URL from its ``listening URL`` line."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "latencylab.load.reference_server", "--port", "0", *args],
+        [sys.executable, "-m", module, "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -24,7 +27,7 @@ def reference_server(*args: str) -> Iterator[str]:
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
         if not line.startswith("listening "):
-            raise RuntimeError(f"reference server did not start: {line} {proc.stderr.read() if proc.stderr else ''}")
+            raise RuntimeError(f"{module} did not start: {line} {proc.stderr.read() if proc.stderr else ''}")
         yield line.split(" ", 1)[1]
     finally:
         proc.terminate()
@@ -33,6 +36,42 @@ def reference_server(*args: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def reference_server(*args: str) -> AbstractContextManager[str]:
+    return module_server("latencylab.load.reference_server", *args)
+
+
+def stream_server(*args: str) -> AbstractContextManager[str]:
+    """The reference streaming server (latencylab.load.reference_stream_server)."""
+    return module_server("latencylab.load.reference_stream_server", *args)
+
+
+@contextmanager
+def uvicorn_thread(state: Any) -> Iterator[tuple[str, int]]:
+    """A real uvicorn server (the config ``run_server`` uses) serving ``state`` in a thread, on loopback;
+    yields its (host, port)."""
+    import asyncio
+    import threading
+    import time
+
+    import uvicorn
+
+    from latencylab.serve.app import bind, uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(state))
+    sock = bind("127.0.0.1", 0)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    give_up = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < give_up:
+        time.sleep(0.01)
+    assert server.started, "server did not start"
+    try:
+        yield "127.0.0.1", sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 def drawn_service_times(url: str) -> np.ndarray:

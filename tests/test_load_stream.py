@@ -10,8 +10,6 @@ import json
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,28 +24,7 @@ from latencylab.load.prompts import Prompt, builtin_prompts, read_prompts
 from latencylab.load.results import LoadResult
 from latencylab.load.sse import ChunkedDecoder, SseParser, Trace
 from latencylab.load.token_metrics import TokenSlo, summarize_tokens, token_arrays
-
-
-@contextmanager
-def stream_server(*args: str) -> Iterator[str]:
-    """The reference streaming server in its own process (never sharing the generator's GIL)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "latencylab.load.reference_stream_server", "--port", "0", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        if not line.startswith("listening "):
-            raise RuntimeError(f"stream server did not start: {line} {proc.stderr.read() if proc.stderr else ''}")
-        yield line.split(" ", 1)[1]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+from servers import stream_server
 
 
 def draws(url: str) -> list[dict]:

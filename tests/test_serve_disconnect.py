@@ -13,10 +13,8 @@ import asyncio
 import json
 import logging
 import socket
-import threading
 import time
-from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
@@ -24,10 +22,11 @@ from starlette.testclient import TestClient
 
 from fake_variants import FakeVariant
 from latencylab.serve import protocol
-from latencylab.serve.app import bind, build_state, lifespan_app, uvicorn_config
+from latencylab.serve.app import build_state, lifespan_app
 from latencylab.serve.config import ModelConfig, ServerConfig
 from latencylab.serve.limits import DISCONNECT, DisconnectHook
 from latencylab.serve.service import Timing
+from servers import uvicorn_thread
 from test_serve_service import BODY, Gated, until
 
 INFER = "/v2/models/fake/versions/fp32/infer"
@@ -180,25 +179,6 @@ def test_a_client_that_leaves_while_sending_its_body_is_one_quiet_counted_line(
     assert _metric(metrics, 'latencylab_server_requests_total{code="499",model="fake",producer="-"}') == 1
 
 
-@contextmanager
-def _running(state: Any) -> Iterator[tuple[str, int]]:
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn_config(state))
-    sock = bind("127.0.0.1", 0)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    give_up = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < give_up:
-        time.sleep(0.01)
-    assert server.started, "server did not start"
-    try:
-        yield "127.0.0.1", sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
 def _get(address: tuple[str, int], path: str) -> str:
     with socket.create_connection(address, timeout=10) as conn:
         conn.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n".encode())
@@ -218,7 +198,7 @@ def test_twenty_requests_sent_and_closed_at_once_are_not_computed() -> None:
     raw = (
         f"POST {INFER} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
-    with _running(state) as address:
+    with uvicorn_thread(state) as address:
         variant.batch_sizes.clear()
         for _ in range(20):
             with socket.create_connection(address) as conn:

@@ -10,10 +10,7 @@ It runs in the slow tier (``make test``): ~9 x 300 requests.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +19,9 @@ from typing import Any
 import pytest
 
 from fake_variants import FakeVariant
-from latencylab.serve.app import bind, build_state, uvicorn_config
+from latencylab.serve.app import build_state
 from latencylab.serve.config import ModelConfig, ServerConfig
+from servers import uvicorn_thread
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is in the dev extras: pip install -e .[dev]")
 hypothesis = pytest.importorskip("hypothesis")
@@ -35,23 +33,10 @@ EXAMPLES = 300
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    import uvicorn
-
     cfg = ServerConfig(models=(ModelConfig(name="fake", ladder=("fp32", "cache"), factory="fake_variants:make"),))
     state = build_state(cfg, {"fake": [FakeVariant("fp32", 0.0005)]})
-    server = uvicorn.Server(uvicorn_config(state))
-    sock = bind("127.0.0.1", 0)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    give_up = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < give_up:
-        time.sleep(0.01)
-    assert server.started, "server did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with uvicorn_thread(state) as (host, port):
+        yield f"http://{host}:{port}"
 
 
 def _operations() -> list[Any]:

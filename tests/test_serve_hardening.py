@@ -6,14 +6,12 @@ limits and tritonclient against a real uvicorn server on loopback (a thread, wit
 
 from __future__ import annotations
 
-import asyncio
 import json
 import select
 import socket
-import threading
 import time
 from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -21,7 +19,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from fake_variants import FakeVariant
-from latencylab.serve.app import ServerState, bind, build_state, lifespan_app, uvicorn_config
+from latencylab.serve.app import ServerState, build_state, lifespan_app
 from latencylab.serve.config import ModelConfig, ServerConfig
 from latencylab.serve.limits import HttpLimits
 from latencylab.serve.protocol import (
@@ -32,6 +30,8 @@ from latencylab.serve.protocol import (
     parse_infer_request,
 )
 from latencylab.serve.types import InferResponse, ProtocolError, Tensor, TensorSpec
+from servers import uvicorn_thread
+from test_serve_protocol import EXAMPLES as JSON_EXAMPLES
 
 BODY = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
 INFER = "/v2/models/fake/infer"
@@ -234,16 +234,9 @@ def test_405_names_the_allowed_methods(client: TestClient, method: str, path: st
 
 # --- 10. the binary tensor data extension: codec ---------------------------------------------------------------------
 
+# The codec tests' examples, with what only binary data carries: NaN and infinities, bytes that are not UTF-8.
 EXAMPLES: dict[str, np.ndarray] = {
-    "BOOL": np.array([[True, False, True], [False, False, True]]),
-    "UINT8": np.array([[0, 1, 255], [7, 128, 254]], dtype=np.uint8),
-    "UINT16": np.array([[0, 65535, 3], [4, 5, 6]], dtype=np.uint16),
-    "UINT32": np.array([[0, 4294967295, 3], [4, 5, 6]], dtype=np.uint32),
-    "UINT64": np.array([[0, 18446744073709551615, 3], [4, 5, 6]], dtype=np.uint64),
-    "INT8": np.array([[-128, 127, 0], [-1, 1, 2]], dtype=np.int8),
-    "INT16": np.array([[-32768, 32767, 0], [-1, 1, 2]], dtype=np.int16),
-    "INT32": np.array([[-(2**31), 2**31 - 1, 0], [-1, 1, 2]], dtype=np.int32),
-    "INT64": np.array([[-(2**63), 2**63 - 1, 0], [-1, 1, 2]], dtype=np.int64),
+    **JSON_EXAMPLES,
     "FP16": np.array([[0.5, -2.0, 65504.0], [np.nan, np.inf, -np.inf]], dtype=np.float16),
     "FP32": np.array([[1.5, -0.25, 3.4028235e38], [np.nan, np.inf, -np.inf]], dtype=np.float32),
     "FP64": np.array([[1e-300, -1.7976931348623157e308, 0.1], [np.nan, np.inf, -np.inf]]),
@@ -460,26 +453,11 @@ def test_app_body_limit_applies_to_binary_bodies(httpclient: Any) -> None:
 LIMITS = HttpLimits(max_head_bytes=4096, head_timeout_s=0.5, body_timeout_s=0.5, keep_alive_s=1)
 
 
-@contextmanager
-def _running(limits: HttpLimits = LIMITS) -> Iterator[tuple[str, int]]:
+def _running(limits: HttpLimits = LIMITS) -> AbstractContextManager[tuple[str, int]]:
     """A real uvicorn server (the config ``run_server`` uses) in a thread, on loopback."""
-    import uvicorn
-
     state = _state()
     state.limits = limits
-    server = uvicorn.Server(uvicorn_config(state))
-    sock = bind("127.0.0.1", 0)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "server did not start"
-    try:
-        yield "127.0.0.1", sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    return uvicorn_thread(state)
 
 
 @pytest.fixture(scope="module")

@@ -218,14 +218,15 @@ def _cpus() -> frozenset[int] | None:
         return None
 
 
-def _proc_stat(cpus: frozenset[int] | None) -> tuple[int, int, int, int] | None:
-    """(busy ticks without steal, steal ticks, all ticks, CPUs counted) over ``cpus`` from /proc/stat."""
+def cpu_ticks(cpus: frozenset[int] | None = None, path: str = "/proc/stat") -> list[list[int]] | None:
+    """The tick counters (user, nice, system, idle, iowait, irq, softirq[, steal, ...]) of each CPU in ``cpus``
+    (all when None), from the ``cpuN`` lines of /proc/stat; None where the file cannot be read."""
     try:
-        with open("/proc/stat", encoding="ascii") as fh:
+        with open(path, encoding="ascii") as fh:
             lines = fh.read().splitlines()
     except OSError:
         return None
-    busy = steal = total = found = 0
+    rows: list[list[int]] = []
     for line in lines:
         if not line.startswith("cpu") or line.startswith("cpu "):
             continue
@@ -236,12 +237,19 @@ def _proc_stat(cpus: frozenset[int] | None) -> tuple[int, int, int, int] | None:
             continue
         if (cpus is not None and idx not in cpus) or len(v) < 7:
             continue
-        st = v[7] if len(v) > 7 else 0
-        busy += v[0] + v[1] + v[2] + v[5] + v[6]
-        steal += st
-        total += sum(v[:8])
-        found += 1
-    return (busy, steal, total, found) if found else None
+        rows.append(v)
+    return rows
+
+
+def _proc_stat(cpus: frozenset[int] | None) -> tuple[int, int, int, int] | None:
+    """(busy ticks without steal, steal ticks, all ticks, CPUs counted) over ``cpus`` from /proc/stat."""
+    rows = cpu_ticks(cpus)
+    if not rows:
+        return None
+    busy = sum(v[0] + v[1] + v[2] + v[5] + v[6] for v in rows)
+    steal = sum(v[7] if len(v) > 7 else 0 for v in rows)
+    total = sum(sum(v[:8]) for v in rows)
+    return busy, steal, total, len(rows)
 
 
 class RunMeter:

@@ -109,21 +109,12 @@ class ProfileOptions:
         )
 
     def workload_options(self) -> WorkloadOptions:
-        from latencylab.workloads import WorkloadOptions
+        from latencylab.workloads import source_options
 
-        params = dict(self.params)
-        if self.model and self.threads and "threads" not in params:
-            params["threads"] = str(self.threads)
-        if (self.workload or "text") == "synthetic":
-            params.setdefault("offset", str(self.warmup))  # injected spikes land at timed iteration numbers
-        return WorkloadOptions(
-            batch_size=self.batch_size,
-            seed=self.seed,
-            device=self.device,
-            model_path=self.model,
-            inputs_path=self.inputs,
-            params=params,
-        )
+        return source_options(
+            workload=self.workload, model=self.model, inputs=self.inputs, params=self.params, threads=self.threads,
+            batch_size=self.batch_size, device=self.device, seed=self.seed, warmup=self.warmup,
+        )  # fmt: skip
 
 
 def run_profile_command(args: argparse.Namespace, out: Console) -> int:
@@ -138,7 +129,7 @@ def run_profile(opts: ProfileOptions, out: Console) -> int:
     from latencylab.env import fingerprint, lint
     from latencylab.profiler import apply_threads, profile
     from latencylab.report.terminal import render_profile
-    from latencylab.workloads import build_workload, load_pipeline_factory
+    from latencylab.workloads import build_source
 
     if opts.device.startswith("cuda"):
         from latencylab.clock import cuda_available
@@ -149,12 +140,7 @@ def run_profile(opts: ProfileOptions, out: Console) -> int:
     wopts = opts.workload_options()
     apply_threads(opts.threads)
     err = Console(stderr=True)
-    if opts.pipeline:
-        pipe = load_pipeline_factory(opts.pipeline, wopts)
-    elif opts.model:
-        pipe = build_workload("onnx", wopts)
-    else:
-        pipe = build_workload(opts.workload or "text", wopts)
+    pipe = build_source(opts.workload, opts.model, opts.pipeline, wopts)
     apply_threads(opts.threads)  # again: building may have imported torch
     env = fingerprint()
     if opts.quiet or not err.is_terminal:

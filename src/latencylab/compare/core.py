@@ -350,6 +350,17 @@ def _plain(x: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ computing
+
+
+def _short_tail(q: float | str, n: int) -> tuple[int, int] | None:
+    """(tail samples, samples wanted) when quantile ``q`` of ``n`` samples has fewer than ``TAIL_SAMPLES``
+    beyond it; None when it has enough, or ``q`` is not a quantile (mean, max)."""
+    if not isinstance(q, float):
+        return None
+    tail = math.floor(n * (1.0 - q))
+    return None if tail >= TAIL_SAMPLES else (tail, math.ceil(TAIL_SAMPLES / (1.0 - q)))
+
+
 def compare_series(
     name: str,
     baseline: cstats.Binned,
@@ -367,13 +378,10 @@ def compare_series(
     n_min = min(baseline.n, candidate.n)
     for mid, b in zip(ids, boots, strict=True):
         q = LATENCY_METRICS[mid]
-        enough = True
-        if isinstance(q, float):
-            tail = math.floor(n_min * (1.0 - q))
-            enough = tail >= TAIL_SAMPLES
-            if not enough and mid in ("p50", "p90", "p99"):
-                need = math.ceil(TAIL_SAMPLES / (1.0 - q))
-                warnings.append(f"{name}: {label(mid)} rests on {tail} tail samples (want {need} samples a side)")
+        short = _short_tail(q, n_min)
+        enough = short is None
+        if short is not None and mid in ("p50", "p90", "p99"):
+            warnings.append(f"{name}: {label(mid)} rests on {short[0]} tail samples (want {short[1]} samples a side)")
         p, method, sig = b.p_value, "bootstrap", b.significant
         if mid == "max":  # the bootstrap of a maximum is degenerate: use the exact exceedance test
             p, method = cstats.exceedance_test(baseline, candidate), "exceedance"
@@ -429,15 +437,12 @@ def compare_runs_series(
             raise LatencyLabError(f"{name}: a run-level comparison needs two runs on one side at least")
         if mid == "p50":
             spread = (rd.spread_baseline, rd.spread_candidate)
-        enough = True
-        if isinstance(q, float):
-            tail = math.floor(n_min * (1.0 - q))
-            enough = tail >= TAIL_SAMPLES
-            if not enough and mid in ("p50", "p90", "p99"):
-                need = math.ceil(TAIL_SAMPLES / (1.0 - q))
-                warnings.append(
-                    f"{name}: {label(mid)} rests on {tail} tail samples in the shortest run (want {need} per run)"
-                )
+        short = _short_tail(q, n_min)
+        enough = short is None
+        if short is not None and mid in ("p50", "p90", "p99"):
+            warnings.append(
+                f"{name}: {label(mid)} rests on {short[0]} tail samples in the shortest run (want {short[1]} per run)"
+            )
         sig = rd.significant
         metrics.append(
             MetricDelta(

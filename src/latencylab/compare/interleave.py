@@ -94,26 +94,13 @@ class Spec:
 
     def build(self, warmup: int) -> Pipeline:
         """The pipeline, built as ``latencylab profile`` builds it."""
-        from latencylab.workloads import WorkloadOptions, build_workload, load_pipeline_factory
+        from latencylab.workloads import build_source, source_options
 
-        params = dict(self.params)
-        if self.model and self.threads and "threads" not in params:
-            params["threads"] = str(self.threads)
-        if not self.model and not self.pipeline and (self.workload or "text") == "synthetic":
-            params.setdefault("offset", str(warmup))
-        opts = WorkloadOptions(
-            batch_size=self.batch_size,
-            seed=self.seed,
-            device=self.device,
-            model_path=self.model,
-            inputs_path=self.inputs,
-            params=params,
-        )
-        if self.pipeline:
-            return load_pipeline_factory(self.pipeline, opts)
-        if self.model:
-            return build_workload("onnx", opts)
-        return build_workload(self.workload or "text", opts)
+        opts = source_options(
+            workload=self.workload, model=self.model, inputs=self.inputs, params=dict(self.params),
+            threads=self.threads, batch_size=self.batch_size, device=self.device, seed=self.seed, warmup=warmup,
+        )  # fmt: skip
+        return build_source(self.workload, self.model, self.pipeline, opts)
 
 
 def run_interleaved(

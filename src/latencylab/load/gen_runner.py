@@ -16,7 +16,8 @@ from latencylab.load.arrivals import ArrivalProcess
 from latencylab.load.gen_client import GenApi
 from latencylab.load.generator import AbortFn, LoadConfig, ProgressFn, Records, run_load
 from latencylab.load.prompts import Prompt
-from latencylab.load.results import LoadResult, _timeline, summarize_run
+from latencylab.load.results import LoadResult
+from latencylab.load.runner import load_result, summarize
 from latencylab.load.token_metrics import TokenSlo, summarize_tokens, token_arrays, token_histograms
 
 
@@ -38,10 +39,7 @@ def gen_load_test(
     payloads = api.payloads(model, prompts)
     path = api.path(model)
     rec, run = run_load(url, path, payloads, arrivals, cfg, seed, progress, None, abort_when, stream=api)
-    target_rate = arrivals.mean_rate() if arrivals is not None and cfg.mode == "open" else None
-    summary, hists, _ = summarize_run(rec, run, cfg, target_rate, None, confidence)
-    if run.stopped_early:
-        summary["stopped_early"] = run.stopped_early
+    summary, hists = summarize(rec, run, cfg, arrivals, None, confidence)
     arr = token_arrays(rec)
     tokens = summarize_tokens(rec, arr, run.wall_s, slos, confidence)
     summary["tokens"] = tokens
@@ -50,23 +48,11 @@ def gen_load_test(
     if arr.n == 0 and summary["ok"]:
         summary["warnings"].append("no successful request was streamed: no TTFT, TPOT or ITL")
     hists.update(token_histograms(arr))
-    if env is None:
-        from latencylab.env import fingerprint
-
-        env = fingerprint(sample_s=0.0)
     config = asdict(cfg)
     config.update(
         seed=seed, payloads=len(payloads), api=api.name,
         max_tokens=sorted({p.max_tokens for p in prompts}), prompt_chars=sorted({p.chars for p in prompts}),
         slos=[s.describe() for s in slos],
     )  # fmt: skip
-    result = LoadResult(
-        target={"url": url, "path": path, "model": model, "api": api.name},
-        arrivals=arrivals.describe() if arrivals is not None else None,
-        config=config,
-        summary=summary,
-        histograms={k: h.to_dict() for k, h in hists.items()},
-        timeline=tuple(_timeline(rec)),
-        env=env,
-    )
-    return result, rec
+    target = {"url": url, "path": path, "model": model, "api": api.name}
+    return load_result(rec, target, arrivals, config, summary, hists, env), rec

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from latencylab.autoprobe import cpu_ticks
 from latencylab.clock import Clock, PerfCounterClock
 from latencylab.errors import LatencyLabError
 
@@ -60,26 +61,14 @@ def proc_stat_busy_s(cpus: frozenset[int] | None = None, path: str = "/proc/stat
     Busy = user + nice + system + irq + softirq + steal (a vCPU the hypervisor gave to another guest was
     not free either); idle and iowait are not. None where the file cannot be read or names none of ``cpus``.
     """
+    rows = cpu_ticks(cpus, path)
+    if not rows:
+        return None
     try:
-        with open(path, encoding="ascii") as fh:
-            lines = fh.read().splitlines()
         tick = os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, AttributeError):
         return None
-    busy, found = 0, 0
-    for line in lines:
-        if not line.startswith("cpu") or line.startswith("cpu "):
-            continue
-        name, *fields = line.split()
-        try:
-            idx, v = int(name[3:]), [int(x) for x in fields]
-        except ValueError:
-            continue
-        if (cpus is not None and idx not in cpus) or len(v) < 7:
-            continue
-        busy += v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
-        found += 1
-    return busy / tick if found else None
+    return sum(v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0) for v in rows) / tick
 
 
 def _loadavg_1m() -> float | None:

@@ -135,31 +135,33 @@ _INFER = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?/infer$")
 _META = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?(/ready)?$")
 
 
+class ReferenceHandler(BaseHTTPRequestHandler):
+    """The HTTP/1.1 handler both reference servers build on: no request log, Nagle off, one write per answer."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body (or each streamed event) go out in one write, and with Nagle off: otherwise a small
+        # write waits for the client's delayed ACK (~40 ms) and the "server" looks 40 ms slower than it is.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _send(self, code: int, obj: Any, extra: dict[str, str] | None = None, ctype: str = "application/json") -> None:
+        body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+        head = [
+            f"HTTP/1.1 {code} {HTTPStatus(code).phrase}",
+            f"Content-Type: {ctype}",
+            f"Content-Length: {len(body)}",
+        ]
+        head += [f"{k}: {v}" for k, v in (extra or {}).items()]
+        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+
+
 def make_handler(state: ReferenceState) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-        def setup(self) -> None:
-            super().setup()
-            # Headers and body go out in one write, and with Nagle off: otherwise the body waits for the
-            # client's delayed ACK (~40 ms) and the "server" looks 40 ms slower than it is.
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-        def _send(
-            self, code: int, obj: Any, extra: dict[str, str] | None = None, ctype: str = "application/json"
-        ) -> None:
-            body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
-            head = [
-                f"HTTP/1.1 {code} {HTTPStatus(code).phrase}",
-                f"Content-Type: {ctype}",
-                f"Content-Length: {len(body)}",
-            ]
-            head += [f"{k}: {v}" for k, v in (extra or {}).items()]
-            self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
-
+    class Handler(ReferenceHandler):
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path in ("/v2/health/live", "/v2/health/ready"):
@@ -243,6 +245,15 @@ class ReferenceServer(ThreadingHTTPServer):
     request_queue_size = 1024
 
 
+def serve_until_stopped(server: ThreadingHTTPServer) -> None:
+    """Print ``listening URL`` (the line test harnesses wait for) and serve until SIGTERM or SIGINT."""
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    print(f"listening http://127.0.0.1:{server.server_address[1]}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever(poll_interval=0.05)
+    server.server_close()
+
+
 def serve(
     port: int = 0,
     service: str = "lognormal(20ms,0.3)",
@@ -269,11 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serial", action="store_true", help="one request computes at a time (M/G/1)")
     args = ap.parse_args(argv)
     server = serve(args.port, args.service, args.seed, args.stall_at, args.stall, args.max_inflight, args.serial)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    print(f"listening http://127.0.0.1:{server.server_address[1]}", flush=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        server.serve_forever(poll_interval=0.05)
-    server.server_close()
+    serve_until_stopped(server)
     return 0
 
 

@@ -22,21 +22,19 @@ Run it in its own process, so it never shares the generator's GIL::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
-import signal
 import socket
 import sys
 import threading
 import time
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
 
 from latencylab.errors import LatencyLabError
+from latencylab.load.reference_server import ReferenceHandler, ReferenceServer, serve_until_stopped
 from latencylab.workloads.synthetic import Distribution, parse_duration_ns
 
 MODEL = "reference"
@@ -105,24 +103,7 @@ def _event(obj: Any) -> bytes:
 
 
 def make_handler(state: StreamState) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-        def setup(self) -> None:
-            super().setup()
-            # each event leaves at once (Nagle would hold a small write for the client's delayed ACK)
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-        def _send(self, code: int, obj: Any, extra: dict[str, str] | None = None) -> None:
-            body = json.dumps(obj).encode()
-            head = [f"HTTP/1.1 {code} {HTTPStatus(code).phrase}", "Content-Type: application/json",
-                    f"Content-Length: {len(body)}"]  # fmt: skip
-            head += [f"{k}: {v}" for k, v in (extra or {}).items()]
-            self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
-
+    class Handler(ReferenceHandler):
         def _error(self, code: int, message: str) -> None:
             self._send(code, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
 
@@ -190,6 +171,18 @@ def make_handler(state: StreamState) -> type[BaseHTTPRequestHandler]:
             if dt > 0:
                 time.sleep(dt / 1e9)
 
+        def _fault(self, draw: dict[str, Any], error_end: bytes) -> bool:
+            """Inject the draw's mid-stream fault, if any: cut the connection, or end the stream with
+            ``error_end`` (an error event and the stream's end). Whether the stream ended."""
+            if draw["fault"] == "close":
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return True
+            if draw["fault"] == "error":
+                self.wfile.write(error_end)
+                return True
+            return False
+
         def _one_shot(self, draw: dict[str, Any], t_recv: int, obj: Any) -> None:
             self._wait(self._times(draw, t_recv)[-1])
             self._send(200, obj)
@@ -212,15 +205,11 @@ def make_handler(state: StreamState) -> type[BaseHTTPRequestHandler]:
             )
             if chat:  # the role event OpenAI sends first: no text, not a token
                 self.wfile.write(_event({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
+            error = {"error": {"message": "injected failure mid-stream", "type": "server_error"}}
+            error_end = _event(error) + _event(b"[DONE]") + _chunk(b"")
             for i, t in enumerate(times):
                 self._wait(t)
-                if draw["fault"] == "close" and i == n // 2:
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                if draw["fault"] == "error" and i == n // 2:
-                    out = _event({"error": {"message": "injected failure mid-stream", "type": "server_error"}})
-                    self.wfile.write(out + _event(b"[DONE]") + _chunk(b""))
+                if i == n // 2 and self._fault(draw, error_end):
                     return
                 text = f"tok{i} "
                 choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
@@ -244,12 +233,7 @@ def make_handler(state: StreamState) -> type[BaseHTTPRequestHandler]:
             )
             for i, t in enumerate(times):
                 self._wait(t)
-                if draw["fault"] == "close" and i == n // 2:
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                if draw["fault"] == "error" and i == n // 2:
-                    self.wfile.write(_event({"error": "injected failure mid-stream"}) + _chunk(b""))
+                if i == n // 2 and self._fault(draw, _event({"error": "injected failure mid-stream"}) + _chunk(b"")):
                     return
                 out = _event({"model_name": MODEL, "text_output": f"tok{i} "})
                 self.wfile.write(out + (_chunk(b"") if i == n - 1 else b""))
@@ -257,10 +241,7 @@ def make_handler(state: StreamState) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class StreamServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 1024
-
+class StreamServer(ReferenceServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that went away (or a stream this server cut on purpose) is not worth a traceback
         if isinstance(sys.exc_info()[1], OSError):
@@ -303,11 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    print(f"listening http://127.0.0.1:{server.server_address[1]}", flush=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        server.serve_forever(poll_interval=0.05)
-    server.server_close()
+    serve_until_stopped(server)
     return 0
 
 

@@ -176,6 +176,31 @@ def fidelity(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray | No
 # ------------------------------------------------------------------ results
 
 
+def _latency(samples_ns: Sequence[int], label: str) -> lstats.Summary | None:
+    """p50 and p99 with bootstrap CIs (None under two samples)."""
+    if len(samples_ns) < 2:
+        return None
+    return lstats.summarize(samples_ns, qs=(0.5, 0.99), n_boot=300, label=label)
+
+
+def _latency_fields(lat: lstats.Summary | None, baseline_p50_ns: float | None, p99_ci: bool) -> dict[str, Any]:
+    """The JSON latency fields (ms) of ``lat``, ``p99_ci_ms`` with ``p99_ci``, and ``speedup_p50`` against
+    ``baseline_p50_ns``; none when there is no latency."""
+    if lat is None:
+        return {}
+    p50, p99 = lat.at(0.5), lat.at(0.99)
+    d: dict[str, Any] = {
+        "p50_ms": p50.value / 1e6,
+        "p50_ci_ms": [p50.ci_low / 1e6, p50.ci_high / 1e6],
+        "p99_ms": p99.value / 1e6,
+    }
+    if p99_ci:
+        d["p99_ci_ms"] = [p99.ci_low / 1e6, p99.ci_high / 1e6]
+    if baseline_p50_ns:
+        d["speedup_p50"] = baseline_p50_ns / p50.value
+    return d
+
+
 @dataclass(frozen=True, slots=True)
 class SetMeasure:
     """One candidate on one held-out input set: fidelity, timed calls, and the positions it really ran."""
@@ -187,9 +212,7 @@ class SetMeasure:
     tokens_per_call: float | None = None  # batch x processed length, mean over the set's feeds
 
     def latency(self) -> lstats.Summary | None:
-        if len(self.samples_ns) < 2:
-            return None
-        return lstats.summarize(self.samples_ns, qs=(0.5, 0.99), n_boot=300, label=self.name)
+        return _latency(self.samples_ns, self.name)
 
     def p50_ns(self) -> float | None:
         return float(np.median(self.samples_ns)) if self.samples_ns else None
@@ -200,16 +223,7 @@ class SetMeasure:
             "n": len(self.samples_ns),
             "tokens_per_call": self.tokens_per_call,
         }
-        lat = self.latency()
-        if lat is not None:
-            p50, p99 = lat.at(0.5), lat.at(0.99)
-            d.update(
-                p50_ms=p50.value / 1e6,
-                p50_ci_ms=[p50.ci_low / 1e6, p50.ci_high / 1e6],
-                p99_ms=p99.value / 1e6,
-            )
-            if baseline_p50_ns:
-                d["speedup_p50"] = baseline_p50_ns / p50.value
+        d.update(_latency_fields(self.latency(), baseline_p50_ns, p99_ci=False))
         return d
 
 
@@ -230,9 +244,7 @@ class CandidateResult:
     sets: tuple[SetMeasure, ...] = ()  # every held-out input set, the primary first
 
     def latency(self) -> lstats.Summary | None:
-        if len(self.samples_ns) < 2:
-            return None
-        return lstats.summarize(self.samples_ns, qs=(0.5, 0.99), n_boot=300, label=self.name)
+        return _latency(self.samples_ns, self.name)
 
     def on_set(self, name: str) -> SetMeasure | None:
         return next((m for m in self.sets if m.name == name), None)
@@ -240,7 +252,6 @@ class CandidateResult:
     def to_dict(self, baseline_p50: float | None = None, base_sets: dict[str, float] | None = None) -> dict[str, Any]:
         """JSON form; ``speedup_p50`` against ``baseline_p50`` (ns, the primary set's), and each set's against
         ``base_sets`` (set name -> baseline p50 ns)."""
-        lat = self.latency()
         d: dict[str, Any] = {
             "name": self.name,
             "family": self.family,
@@ -257,16 +268,7 @@ class CandidateResult:
         }
         if self.sets:
             d["sets"] = {m.name: m.to_dict(base_sets.get(m.name) if base_sets else None) for m in self.sets}
-        if lat is not None:
-            p50, p99 = lat.at(0.5), lat.at(0.99)
-            d.update(
-                p50_ms=p50.value / 1e6,
-                p50_ci_ms=[p50.ci_low / 1e6, p50.ci_high / 1e6],
-                p99_ms=p99.value / 1e6,
-                p99_ci_ms=[p99.ci_low / 1e6, p99.ci_high / 1e6],
-            )
-            if baseline_p50:
-                d["speedup_p50"] = baseline_p50 / p50.value
+        d.update(_latency_fields(self.latency(), baseline_p50, p99_ci=True))
         return d
 
 

@@ -35,11 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from latencylab.errors import LatencyLabError, MissingDependencyError
+from latencylab.errors import LatencyLabError
+from latencylab.optimize.families.onnxruntime.common import GRAPH_LEVELS, _ort, session_options
 from latencylab.serve.variants import TextVariant
 
 __all__ = [
     "GRAPH_LEVELS",
+    "OrtSessionKnobs",
     "OrtTextVariant",
     "export_default",
     "export_text_onnx",
@@ -53,16 +55,6 @@ OPSET = 17
 # One more ORT call costs about as much as this many padded tokens (1 thread, MiniLM-L6, reference VM):
 # a call's fixed cost is far below torch eager's (Python per operator), so length groups split sooner.
 SPLIT_COST_TOKENS_ORT = 16
-# ONNX Runtime's graph optimisation levels, by the names optimize's recipes use (``params.graph_optimization``).
-GRAPH_LEVELS = ("disabled", "basic", "extended", "all")
-
-
-def _ort() -> Any:
-    try:
-        import onnxruntime
-    except ImportError as exc:
-        raise MissingDependencyError("onnxruntime", "onnx") from exc
-    return onnxruntime
 
 
 def _weights_digest() -> str:
@@ -163,19 +155,7 @@ def export_text_onnx(tokenizer: Any, encoder: Any, path: Path) -> Path:
 def ort_session(path: Path, threads: int, spin_us: int | None = None, graph: str = "all") -> Any:
     """A CPU session over ``path``: ``threads`` intra-op threads, sequential, graph optimisation ``graph`` (one of
     :data:`GRAPH_LEVELS`; a recipe's ``graph_optimization`` is served at the level it was measured at)."""
-    ort = _ort()
-    if graph not in GRAPH_LEVELS:
-        raise LatencyLabError(f"unknown graph optimisation level {graph!r}; one of {', '.join(GRAPH_LEVELS)}")
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = max(1, int(threads))
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = {
-        "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[graph]
+    so = session_options(max(1, int(threads)), graph)
     # ORT's default, spinning workers, kept on purpose: with them asleep between operators every parallel
     # section pays a wake-up, and a served request mostly arrives to a sleeping pool (measured, 2 threads,
     # one request every 20 ms: a 17-token text 5.2-5.3 ms spinning against 7.2-8.6 ms not; a 208-token
@@ -187,9 +167,8 @@ def ort_session(path: Path, threads: int, spin_us: int | None = None, graph: str
         # frees that core for a neighbour; below the gap between requests each call pays a wake-up again
         # (1000 us: p50 9.0 ms against 5.4; docs/BENCHMARKS.md, "ONNX Runtime's idle threads").
         so.add_session_config_entry("session.intra_op.spin_duration_us", str(int(spin_us)))
-    so.log_severity_level = 3
     try:
-        return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
+        return _ort().InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types for unreadable/invalid models
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise LatencyLabError(f"{path}: ONNX Runtime cannot load it ({type(exc).__name__}: {first})") from None
@@ -198,7 +177,39 @@ def ort_session(path: Path, threads: int, spin_us: int | None = None, graph: str
 _session = ort_session  # the name tests and older callers use
 
 
-class OrtTextVariant(TextVariant):
+class OrtSessionKnobs:
+    """The thread knobs of an ONNX Runtime rung (the config's ``ort_threads`` and ``ort_spin_us``); setting one
+    rebuilds the session(s) through ``_rebuild`` (``spin``: the spin cap changed, so any second session too)."""
+
+    threads: int
+    _spin_us: int | None
+
+    def _rebuild(self, spin: bool = False) -> None:
+        raise NotImplementedError
+
+    @property
+    def spin_us(self) -> int | None:
+        """How long idle intra-op threads spin before they sleep (None: ORT's default); setting it rebuilds
+        the session(s)."""
+        return self._spin_us
+
+    @spin_us.setter
+    def spin_us(self, us: int | None) -> None:
+        self._spin_us = us
+        self._rebuild(spin=True)
+
+    @property
+    def intra_op_threads(self) -> int:
+        """The session's intra-op thread count; setting it rebuilds the session (the config's ``ort_threads``)."""
+        return self.threads
+
+    @intra_op_threads.setter
+    def intra_op_threads(self, n: int) -> None:
+        self.threads = max(1, int(n))
+        self._rebuild()
+
+
+class OrtTextVariant(OrtSessionKnobs, TextVariant):
     """A :class:`TextVariant` whose encoder is an ONNX Runtime session (CPU) over an embedding graph.
 
     The graph takes ``input_ids`` and ``attention_mask`` (int64, (rows, seq)) and returns (rows, hidden)
@@ -247,28 +258,10 @@ class OrtTextVariant(TextVariant):
         self.module = None
         return width
 
-    @property
-    def spin_us(self) -> int | None:
-        """How long idle intra-op threads spin before they sleep (None: ORT's default); setting it rebuilds
-        the session(s)."""
-        return self._spin_us
-
-    @spin_us.setter
-    def spin_us(self, us: int | None) -> None:
-        self._spin_us = us
-        self.session = ort_session(self.path, self.threads, us, self.graph)
-        if self._wide is not None and self._wide_threads:
-            self._wide = ort_session(self.path, self._wide_threads, us, self.graph)
-
-    @property
-    def intra_op_threads(self) -> int:
-        """The session's intra-op thread count; setting it rebuilds the session (the config's ``ort_threads``)."""
-        return self.threads
-
-    @intra_op_threads.setter
-    def intra_op_threads(self, n: int) -> None:
-        self.threads = max(1, int(n))
+    def _rebuild(self, spin: bool = False) -> None:
         self.session = ort_session(self.path, self.threads, self._spin_us, self.graph)
+        if spin and self._wide is not None and self._wide_threads:
+            self._wide = ort_session(self.path, self._wide_threads, self._spin_us, self.graph)
 
     @property
     def wide_threads(self) -> int | None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from latencylab.errors import LatencyLabError
-from latencylab.serve.ort_text import ort_session
+from latencylab.serve.ort_text import OrtSessionKnobs, ort_session
 from latencylab.serve.variants import VisionVariant
 
 __all__ = ["OrtVisionVariant", "vision_shape"]
@@ -58,7 +58,7 @@ class _SessionModule:
         return torch.from_numpy(np.asarray(out, dtype=np.float32))
 
 
-class OrtVisionVariant(VisionVariant):
+class OrtVisionVariant(OrtSessionKnobs, VisionVariant):
     """A :class:`VisionVariant` whose classifier is an ONNX Runtime CPU session over ``path``.
 
     ``graph`` is the session's graph optimisation level (serve/ort_text.py, ``GRAPH_LEVELS``); ``threads`` its
@@ -93,26 +93,5 @@ class OrtVisionVariant(VisionVariant):
             name, kind, self._module, res, max_batch_size=max_batch_size, description=description, n_classes=classes
         )
 
-    def _rebuild(self) -> None:
+    def _rebuild(self, spin: bool = False) -> None:
         self._module.session = ort_session(self.path, self.threads, self._spin_us, self.graph)
-
-    @property
-    def spin_us(self) -> int | None:
-        """How long idle intra-op threads spin before they sleep (None: ORT's default); setting it rebuilds
-        the session."""
-        return self._spin_us
-
-    @spin_us.setter
-    def spin_us(self, us: int | None) -> None:
-        self._spin_us = us
-        self._rebuild()
-
-    @property
-    def intra_op_threads(self) -> int:
-        """The session's intra-op thread count; setting it rebuilds the session (the config's ``ort_threads``)."""
-        return self.threads
-
-    @intra_op_threads.setter
-    def intra_op_threads(self, n: int) -> None:
-        self.threads = max(1, int(n))
-        self._rebuild()

@@ -62,6 +62,41 @@ def build_workload(name: str, opts: WorkloadOptions | None = None) -> Pipeline:
     return build(opts)
 
 
+def build_source(workload: str | None, model: str | None, pipeline: str | None, opts: WorkloadOptions) -> Pipeline:
+    """The pipeline a ``latencylab profile`` source names: a user ``pipeline`` (package.module:factory), an ONNX
+    ``model`` (read from ``opts.model_path``), or the built-in ``workload`` (text when None)."""
+    if pipeline:
+        return load_pipeline_factory(pipeline, opts)
+    if model:
+        return build_workload("onnx", opts)
+    return build_workload(workload or "text", opts)
+
+
+def source_options(
+    *,
+    workload: str | None,
+    model: str | None,
+    inputs: str | None,
+    params: Mapping[str, str],
+    threads: int | None,
+    batch_size: int,
+    device: str,
+    seed: int,
+    warmup: int,
+) -> WorkloadOptions:
+    """The options ``latencylab profile`` builds its source with: ``params`` plus ``threads`` for an ONNX
+    ``model`` (unless given), and the synthetic workload's ``offset`` (the warm-up, so that injected spikes
+    land at timed iteration numbers)."""
+    p = dict(params)
+    if model and threads and "threads" not in p:
+        p["threads"] = str(threads)
+    if (workload or "text") == "synthetic":
+        p.setdefault("offset", str(warmup))
+    return WorkloadOptions(
+        batch_size=batch_size, seed=seed, device=device, model_path=model, inputs_path=inputs, params=p
+    )
+
+
 def load_pipeline_factory(spec: str, opts: WorkloadOptions | None = None) -> Pipeline:
     """Build a user pipeline from ``package.module:factory``.
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from latencylab.errors import MissingDependencyError
+from latencylab.errors import LatencyLabError, MissingDependencyError
 from latencylab.optimize.types import BuildContext, Feed
 
 BACKEND = "onnxruntime"
@@ -36,7 +36,8 @@ PERCHANNEL_FALLBACK_KS = (2, 4)
 SENSITIVITY_FEEDS = 8
 # Known transformer shapes per adapter; other models' are read from the graph (detect_encoder).
 TRANSFORMERS: dict[str, dict[str, Any]] = {"text": {"model_type": "bert", "num_heads": 12, "hidden_size": 384}}
-_GRAPH_LEVELS = ("disabled", "basic", "extended", "all")
+# ONNX Runtime's graph optimisation levels, by the names recipes use (``params.graph_optimization``).
+GRAPH_LEVELS = ("disabled", "basic", "extended", "all")
 
 
 def _ort() -> Any:
@@ -53,6 +54,26 @@ def _onnx() -> Any:
     except ImportError as exc:
         raise MissingDependencyError("onnx", "onnx") from exc
     return onnx
+
+
+def session_options(threads: int, graph: str) -> Any:
+    """CPU session options as optimize measures and serve serves them: ``threads`` intra-op threads, one
+    inter-op, sequential, graph optimisation ``graph`` (one of :data:`GRAPH_LEVELS`), errors-only logging."""
+    ort = _ort()
+    if graph not in GRAPH_LEVELS:
+        raise LatencyLabError(f"unknown graph optimisation level {graph!r}; one of {', '.join(GRAPH_LEVELS)}")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(threads)
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = {
+        "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[graph]
+    so.log_severity_level = 3  # errors only: initializer-removal chatter is not news
+    return so
 
 
 def _file_digest(ctx: BuildContext, path: Path) -> str:

@@ -9,10 +9,7 @@ import numpy as np
 
 from latencylab.errors import LatencyLabError
 from latencylab.optimize import shapes
-from latencylab.optimize.families.onnxruntime.common import (
-    _GRAPH_LEVELS,
-    _ort,
-)
+from latencylab.optimize.families.onnxruntime.common import _ort, session_options
 from latencylab.optimize.types import Feed
 
 SHAPE_POLICIES = shapes.POLICIES
@@ -39,19 +36,7 @@ class OrtRunner:
         ort = _ort()
         self.shape_policy = shapes.normalise(shape_policy)
         self.tokens = shapes.TokenCounter()
-        if graph_optimization not in _GRAPH_LEVELS:
-            raise LatencyLabError(f"unknown graph optimisation level {graph_optimization!r}; one of {_GRAPH_LEVELS}")
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = int(threads)
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = {
-            "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }[graph_optimization]
-        so.log_severity_level = 3  # errors only: initializer-removal chatter is not news
+        so = session_options(threads, graph_optimization)
         self.path = Path(path)
         self.session = ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
         self.input_names = tuple(i.name for i in self.session.get_inputs())
