@@ -212,6 +212,9 @@ def test_clean_control_gives_no_finding_on_a_quiet_machine() -> None:
     assert verdict is not None
     if verdict[0]:
         pytest.skip(f"cannot judge a false alarm on a busy machine: {verdict[1]}")
+    speed = [f for f in fs if f.rule == "machine-speed"]
+    if speed and len(speed) == len(fs):  # the machine itself changed speed (the canary says so): not quiet
+        pytest.skip(f"cannot judge a false alarm while the machine's speed moves: {speed[0].title}")
     assert fs == [], [f.title for f in fs]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import Noise
 from latencylab.load.arrivals import Poisson
 from latencylab.load.capacity import step_seed
 from latencylab.load.generator import LoadConfig
@@ -131,9 +132,11 @@ def test_interleaved_order_and_capacity_per_server() -> None:
 
 
 @pytest.mark.slow
-def test_a_real_pair_the_slower_server_fails_first() -> None:
+def test_a_real_pair_the_slower_server_fails_first(machine_noise: Noise) -> None:
     """Two real servers with known service times (one request at a time): 8 ms and 16 ms per request. With a
     p99 <= 60 ms objective over 2 interleaved rounds of 2.5 s, the 16-ms one saturates first."""
+    judging = "two real servers' capacities at a 60-ms p99 on 2.5-s steps"
+    machine_noise.require(judging, stolen=0.05, max_stall_ms=20.0, wake_late_ms=2.0)
     slo = Slo.parse("p99=60ms")
     with (
         reference_server("--service", "constant(8ms)", "--serial") as fast,
@@ -145,7 +148,10 @@ def test_a_real_pair_the_slower_server_fails_first() -> None:
         def step(server: str, rate: float, k: int) -> LoadResult:
             seed = step_seed(100 + k, rate)
             res, _ = load_test(
-                urls[server], infer_path("reference"), payloads, Poisson(rate, seed), LoadConfig(duration_s=2.5),
+                urls[server], infer_path("reference"), payloads, Poisson(rate, seed),
+                # spin: a sleeping generator is > 1 ms late on ~4% of sends here, which makes a 2.5-s round
+                # invalid (the rule is 1%); this test judges the pooled verdicts, not the send timing
+                LoadConfig(duration_s=2.5, spin="on"),
                 slo=slo, seed=seed, env={},
             )  # fmt: skip
             return res
@@ -153,6 +159,10 @@ def test_a_real_pair_the_slower_server_fails_first() -> None:
         out = pooled_grid(step, ["fast", "slow"], slo, [10, 40, 70], rounds=2)
     fast_cap, slow_cap = out["fast"][0].capacity_rate, out["slow"][0].capacity_rate
     # 16 ms x 70/s = 112% busy: the slow server cannot pass 70/s; 8 ms x 40/s = 32%: the fast one passes it
+    if not (fast_cap is not None and fast_cap >= 40):
+        machine_noise.recheck(
+            judging, stolen=0.05, max_stall_ms=20.0, wake_late_ms=2.0
+        )  # the machine turned noisy while it ran: skip
     assert slow_cap is not None and fast_cap is not None and fast_cap >= 40 and slow_cap < 70
     assert fast_cap >= slow_cap
     steps = out["fast"][1]

@@ -24,7 +24,7 @@ from latencylab.optimize.fused import FusedLayerNormGELU, find_layernorm_gelu, f
 from latencylab.optimize.types import BuildContext, Candidate, Runner  # noqa: E402
 
 GPU_ONLY = ("torch-fp16-cuda", "torch-tf32-cuda", "torch-cudagraphs", "torch-sdpa-flash", "torch-tensorrt")
-FAMILIES = {"precision", "int8-dynamic", "int8-static", "mixed", "prune", "fusion", "compile", "graph"}
+FAMILIES = {"precision", "int8-dynamic", "int8-static", "mixed", "prune", "fusion", "compile", "graph", "shape"}
 AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})
 
 
@@ -140,7 +140,9 @@ def test_int8_dynamic_text_cosine(text_ctx: BuildContext) -> None:
     ref = _outputs(_cand(text_ctx, "torch-fp32").build(text_ctx), text_ctx)
     runner = _cand(text_ctx, "torch-int8-dynamic").build(text_ctx)
     cos = _cosines(ref, _outputs(runner, text_ctx))
-    assert cos.min() >= 0.9 and cos.mean() < 1.0  # close, and really quantised
+    # close, and really quantised (natural-length sentences: a short one loses more to per-tensor activation
+    # scales than the same sentence padded to 128 did; the search's own runs measured min 0.87 over 64)
+    assert cos.min() >= 0.85 and cos.mean() >= 0.9 and cos.mean() < 1.0
     assert runner.stats["quantized_linear"] == 6 * 6 + 1  # 6 layers x (q, k, v, o, up, down) + pooler
 
 
