@@ -141,9 +141,9 @@ def test_slo_verdict_and_early_abort() -> None:
     assert s["sent"] == s["ok"] + s["shed"] + s["error"]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "latencylab", "load", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "latencylab", "load", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -175,9 +175,10 @@ def test_cli_load_json_and_jsonl(tmp_path: Path) -> None:
 def test_cli_capacity_search_brackets_a_single_worker_server(tmp_path: Path) -> None:
     # One worker, 10 ms per request: capacity 100/s at most; p99 <= 60 ms is met well below that.
     with reference_server("--service", "constant(10ms)", "--serial") as url:
+        # a coarse bracket (precision 0.25, <= 3 chunks a step): the search's logic, in well under a minute
         p = _cli("--url", url, "--model", "reference", "--find-capacity", "--slo", "p99=60ms", "--start-rate", "20",
-                 "--step-duration", "3", "--warmup", "0.5", "--max-chunks", "4", "--precision", "0.1",
-                 "--json", str(tmp_path / "c.json"))  # fmt: skip
+                 "--step-duration", "3", "--warmup", "0.5", "--max-chunks", "3", "--precision", "0.25",
+                 "--json", str(tmp_path / "c.json"), timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stderr
     cap = json.loads((tmp_path / "c.json").read_text())["capacity"]
     failed = [s["why"] for s in cap["steps"] if not s["passed"]]
