@@ -35,7 +35,9 @@ Why the SLO: a vision request costs the server ~3 ms of CPU (HTTP + JSON + base6
 queueing, which admission control exists to govern, the dominant term of the tail, while leaving room
 for the 4 ms batching delay and loopback noise. Text at 1 thread is a poor fit for this claim on these
 CPUs: the corpus's 256-token passages take ~100 ms alone, so with a 100 ms SLO the "capacity" is set by
-service time (measured 8.8/s) far below the throughput ceiling, and 2x of it is no overload at all.
+service time (measured 8.8/s) far below the throughput ceiling, and 2x of it is no overload at all. With admission
+aiming at 90% of the SLO, text at 100 ms has no capacity at all (its longest passages are refused at every
+rate, 2.3% of requests): issue 22's text runs use ``--slo-ms 150``.
 
     flock /tmp/latencylab-bench.lock .venv/bin/python benchmarks/serve_overload.py [--model vision|text]
         [--slo-ms 30] [--runs 3] [--duration 60 | --quick] [--json /tmp/overload.json]

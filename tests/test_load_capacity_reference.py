@@ -29,7 +29,7 @@ def test_search_finds_the_md1_capacity_of_a_single_worker_reference_server() -> 
     slo = Slo.parse("p99=60ms")
     cfg = SearchConfig(
         start_rate=20.0, chunk_s=2.5, warmup_s=0.5, max_chunks=4, search_warmup_s=2.0, precision=0.1, max_steps=10,
-        invalid_retries=1,
+        invalid_retries=1, max_late_fraction=0.05,
     )  # fmt: skip
     with reference_server("--service", "constant(10ms)", "--serial") as url:
         path = infer_path("reference")

@@ -570,3 +570,41 @@ def test_the_order_protects_the_latency_target_not_only_the_deadline() -> None:
     assert _long_then_shorts(None)[2] == ["long"]
     assert _long_then_shorts(60)[1] == ["long"]
     assert _long_then_shorts(20)[2] == ["long"]
+
+
+def test_a_job_withdrawn_while_the_release_timer_runs_does_not_kill_the_batcher() -> None:
+    """The race that stopped a server under overload: the batcher planned a release for a queued job, a client
+    left and its job was withdrawn before the timer fired (the wake-up it set was cleared by the planner), and
+    the batcher then took from empty queues and died (min() of an empty sequence): every later request got 504.
+    The batcher re-plans instead, and keeps serving."""
+
+    class WithdrawWhilePlanning(Batcher):
+        victim: asyncio.Future[Any] | None = None
+
+        def _release_at(self, now: int) -> tuple[int, str]:
+            at = super()._release_at(now)
+            if self.victim is not None and at[0] > now:
+                fut, self.victim = self.victim, None
+                assert self.withdraw(fut)  # its wake-up is cleared as _run starts to wait: the timer fires
+                fut.cancel()
+            return at
+
+    async def go() -> tuple[Any, bool]:
+        _, v, clk = on_fake_clock()
+        # busy worker gone, gap unknown: a lone job waits for its max delay (a timed release)
+        b = WithdrawWhilePlanning(v, max_batch_size=8, max_delay_s=0.02, max_queue=100, **clk)
+        b._gap_s = 0.0  # arrivals expected at once: no "idle" release, the timer runs
+        b.start()
+        far = b.now_ns() + ms(5000)
+        loop = asyncio.get_running_loop()
+        b.victim = loop.create_future()
+        b.submit("gone", far, fut=b.victim)
+        await asyncio.sleep(0.1)  # the timer has fired on the empty queues
+        alive = b._task is not None and not b._task.done()
+        out = await asyncio.wait_for(b.submit(7, far), 5)
+        await b.stop()
+        return out, alive
+
+    out, alive = run(go())
+    assert alive
+    assert float(out.outputs[0].data[0]) == 7.0

@@ -536,6 +536,8 @@ class Batcher:
         return first
 
     def _take(self, now: int) -> list[Job]:
+        if not any(self._queues.values()):  # withdrawn while the release timer ran: nothing to take
+            return []
         q = self._queues[self._pick(now)]
         jobs: list[Job] = []
         while q and len(jobs) < self.max_batch:
@@ -555,7 +557,7 @@ class Batcher:
 
     async def _run(self) -> None:
         while True:
-            if not self._queued or len(self._running) >= self.workers:
+            if not self._queued or len(self._running) >= self.workers or not any(self._queues.values()):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -569,7 +571,10 @@ class Batcher:
                 except TimeoutError:
                     pass
             released = self.now_ns()
+            # a client that left during the wait may have taken the last job out (withdraw): re-plan then
             jobs = self._take(released)
+            if not jobs:
+                continue
             bucket = jobs[0].bucket
             live = [j for j in jobs if not j.future.done()]  # done: the client went away or timed out
             # A bucket that has not run for probe_after_ns runs even if predicted late (its requests still
