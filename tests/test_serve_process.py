@@ -161,8 +161,10 @@ def test_real_prometheus_computes_p99_with_histogram_quantile(vision_server: str
             time.sleep(1)
         assert value is not None, "Prometheus returned no p99"
         client_p99 = json.loads((tmp_path / "l.json").read_text())["summary"]["uncorrected_p99_ms"] / 1e3
-        # server-side p99 (inside the server) is below the client's (which adds loopback + HTTP), and close to it
-        assert 0.3 * client_p99 < value <= client_p99 * 1.25
+        # server-side p99 (inside the server) is below the client's (which adds loopback + HTTP), and close to it;
+        # histogram_quantile interpolates linearly inside a bucket whose edges are sqrt(2) apart, so its estimate
+        # can sit up to ~1.41x above the true quantile
+        assert 0.3 * client_p99 < value <= client_p99 * 1.5
     finally:
         proc.terminate()
         proc.wait(timeout=20)
