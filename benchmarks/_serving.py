@@ -1,4 +1,6 @@
-"""Shared helpers of the serving benchmarks (serve_overload.py, serve_ladder.py).
+"""Shared helpers of the serving and load benchmarks (serve_overload.py, serve_ladder.py, serve_vs_peers.py,
+load_vs_locust.py): ports, machine load and CPU accounting, config files, windows and tables, and process
+control (start a server in its own session, wait until it is ready, stop it and everything it started).
 
 Servers run on loopback only, every run is bounded, and each benchmark is meant to run alone on the
 machine: wrap it in ``flock /tmp/latencylab-bench.lock`` when other benchmarks may run.
@@ -7,6 +9,8 @@ machine: wrap it in ``flock /tmp/latencylab-bench.lock`` when other benchmarks m
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import signal
 import socket
@@ -14,8 +18,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 HOST = "127.0.0.1"
+LOCK = "/tmp/latencylab-bench.lock"
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+_SCRUBBED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PROMETHEUS_MULTIPROC_DIR")
 
 
 def free_port() -> int:
@@ -171,7 +180,7 @@ def fmt(v: float | None, spec: str = ".1f") -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table (pastes into docs/BENCHMARKS.md as is)."""
+    """A Markdown table (pastes into docs/benchmarks/*.md as is)."""
     cells = [[str(c) for c in r] for r in rows]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" for _ in headers) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in cells]
@@ -213,3 +222,257 @@ def proc_cpu_s(pid: int) -> float:
 def monotonic_s() -> float:
     """CLOCK_MONOTONIC seconds: time.perf_counter on Linux, comparable across processes."""
     return time.perf_counter()
+
+
+# ---------------------------------------------------------------------------------------------- machine
+
+
+def session_cpu_s(sid: int) -> float:
+    """User + system CPU seconds of every live process in session ``sid`` (a server and all it started)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def session_pids(sid: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == sid:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all CPUs spent busy since boot (everything in /proc/stat but idle and iowait)."""
+    vals = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
+    return (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """Fraction of all CPUs busy over ``seconds`` (from /proc/stat)."""
+
+    def snap() -> tuple[int, int]:
+        vals = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = vals[3] + vals[4]
+        return sum(vals), idle
+
+    t0, i0 = snap()
+    time.sleep(seconds)
+    t1, i1 = snap()
+    return 1 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_idle(limit_busy: float = 0.1, max_wait_s: float = 90.0) -> str:
+    """Wait until the machine is idle (before starting a server); returns a line for the log."""
+    start = time.monotonic()
+    busy = cpu_busy()
+    while busy > limit_busy and time.monotonic() - start < max_wait_s:
+        busy = cpu_busy(2.0)
+    load = os.getloadavg()
+    note = "" if busy <= limit_busy else f"  WARNING: still {busy:.0%} busy after {max_wait_s:g} s"
+    return f"CPU {busy:.0%} busy, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}{note}"
+
+
+@contextlib.contextmanager
+def bench_lock(path: str) -> Iterator[float]:
+    """Hold the machine-wide benchmark lock (flock), yielding how long we waited for it."""
+    t0 = time.monotonic()
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield time.monotonic() - t0
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def pin_to(core: int) -> Any:
+    """A preexec_fn that pins the child (and everything it forks) to one core."""
+
+    def pin() -> None:
+        os.sched_setaffinity(0, {core})
+
+    return pin
+
+
+def core_ticks(core: int) -> tuple[int, int]:
+    """(busy, total) jiffies of one core from /proc/stat."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith(f"cpu{core} "):
+            v = [int(x) for x in line.split()[1:]]
+            return sum(v) - v[3] - v[4], sum(v)
+    return 0, 0
+
+
+def noise_probe(core: int, seconds: float, other: int) -> dict[str, float]:
+    """Spin on ``core`` and count the gaps > 1 ms between back-to-back clock reads: time the core was taken
+    away (host steal, other tasks). An open-loop sender on that core is late by at least as much. Also
+    reports how busy ``other`` (the server core, where nginx is idle meanwhile) is with other processes."""
+    b0, t0 = core_ticks(other)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        clock = time.perf_counter_ns
+        end = clock() + int(seconds * 1e9)
+        last = clock()
+        gaps: list[int] = []
+        while last < end:
+            t = clock()
+            if t - last > 1_000_000:
+                gaps.append(t - last)
+            last = t
+    finally:
+        os.sched_setaffinity(0, before)
+    b1, t1 = core_ticks(other)
+    return {
+        "other_core_busy_percent": 100 * (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0,
+        "stalls_over_1ms": len(gaps),
+        "stalled_percent": 100 * sum(gaps) / (seconds * 1e9),
+        "longest_ms": max(gaps, default=0) / 1e6,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+
+def http(url: str, body: bytes | None = None, timeout_s: float = 10.0) -> tuple[int | None, bytes]:
+    """(status, body) of GET (or POST with ``body``) ``url``; status None when nothing answered."""
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"} if body else {})
+    try:
+        with _OPENER.open(req, timeout=timeout_s) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read()
+    except (urllib.error.URLError, OSError):
+        return None, b""
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED and not k.startswith("MLSERVER_")}
+    env.update(
+        {
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",  # loopback only: no usage report
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def normal_priority() -> None:
+    """preexec_fn: the servers run as ordinary processes (SCHED_OTHER, nice 0) whatever the generator runs as."""
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    os.setpriority(os.PRIO_PROCESS, 0, 0)
+
+
+def raise_generator_priority(mode: str) -> str:
+    """Let the load generator (this process) run before the server when both want a core.
+
+    On a separate client machine the generator would never wait for the server's threads; here they share
+    2 cores, and with the server's torch threads busy, Linux's fair scheduler can keep the generator off a
+    core for a few ms, so its sends are late and the step counts as invalid. ``fifo``: SCHED_FIFO priority 1
+    (the generator sleeps between sends, so it takes little: its CPU share is printed per step);
+    ``nice``: nice -10; ``none``: unchanged. Returns what was applied.
+    """
+    try:
+        if mode == "fifo":
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        elif mode == "nice":
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
+    except PermissionError:
+        return "unchanged (not permitted)"
+    return {"fifo": "SCHED_FIFO 1", "nice": "nice -10", "none": "unchanged"}[mode]
+
+
+@dataclass
+class Running:
+    name: str
+    process: subprocess.Popen[bytes]
+    url: str
+    path: str
+    workdir: Path
+    stats: Callable[[], dict[str, Any] | None]
+    startup_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def log_tail(self, n: int = 25) -> str:
+        try:
+            return "\n".join((self.workdir / "server.log").read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the server's process group, SIGKILL after ``grace_s``, then any straggler of its session."""
+        sid = self.process.pid
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(sid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(sid, signal.SIGKILL)
+                self.process.wait()
+        # Ray's daemons may outlive the driver for a moment (or be in other process groups of the session).
+        deadline = time.monotonic() + 10
+        while session_pids(sid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for pid in session_pids(sid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def launch(
+    name: str, cmd: list[str], *, url: str, path: str, ready: str, workdir: Path, env: dict[str, str],
+    stats: Callable[[], dict[str, Any] | None], notes: list[str], startup_timeout: float,
+) -> Running:  # fmt: skip
+    """Start ``cmd`` in ``workdir`` as a server in its own session (an ordinary process, its output in
+    ``workdir/server.log``) and wait until ``ready`` answers 200; on failure stop it and raise RuntimeError
+    with the log's tail."""
+    t0 = time.monotonic()
+    with open(workdir / "server.log", "wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=normal_priority,
+        )
+    srv = Running(name, proc, url, path, workdir, stats, notes=notes)
+    try:
+        while http(ready, timeout_s=2.0)[0] != 200:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; log:\n{srv.log_tail()}")
+            if time.monotonic() - t0 > startup_timeout:
+                raise RuntimeError(f"{name} not ready within {startup_timeout:g} s; log:\n{srv.log_tail()}")
+            time.sleep(0.2)
+    except BaseException:
+        srv.stop()
+        raise
+    srv.startup_s = time.monotonic() - t0
+    return srv
+
+
+def json_stats(url: str) -> dict[str, Any] | None:
+    """The JSON a server's stats endpoint answers, or None."""
+    status, body = http(url)
+    return json.loads(body) if status == 200 else None

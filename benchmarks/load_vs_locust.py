@@ -36,7 +36,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from _serving import core_ticks, free_port, noise_probe, pin_to
 from latencylab.load.payloads import fetch_metadata, payloads_for_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,21 +63,6 @@ INSTALL_NGINX = "apt-get update && apt-get install -y nginx-light"
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def pin_to(core: int) -> Any:
-    """A preexec_fn that pins the child (and everything it forks) to one core."""
-
-    def pin() -> None:
-        os.sched_setaffinity(0, {core})
-
-    return pin
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds of one process (0 if it is gone)."""
     try:
@@ -90,43 +75,6 @@ def proc_cpu_s(pid: int) -> float:
 def children_cpu_s() -> float:
     ru = os.times()
     return ru.children_user + ru.children_system
-
-
-def core_ticks(core: int) -> tuple[int, int]:
-    """(busy, total) jiffies of one core from /proc/stat."""
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith(f"cpu{core} "):
-            v = [int(x) for x in line.split()[1:]]
-            return sum(v) - v[3] - v[4], sum(v)
-    return 0, 0
-
-
-def noise_probe(core: int, seconds: float, other: int) -> dict[str, float]:
-    """Spin on ``core`` and count the gaps > 1 ms between back-to-back clock reads: time the core was taken
-    away (host steal, other tasks). An open-loop sender on that core is late by at least as much. Also
-    reports how busy ``other`` (the server core, where nginx is idle meanwhile) is with other processes."""
-    b0, t0 = core_ticks(other)
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {core})
-    try:
-        clock = time.perf_counter_ns
-        end = clock() + int(seconds * 1e9)
-        last = clock()
-        gaps: list[int] = []
-        while last < end:
-            t = clock()
-            if t - last > 1_000_000:
-                gaps.append(t - last)
-            last = t
-    finally:
-        os.sched_setaffinity(0, before)
-    b1, t1 = core_ticks(other)
-    return {
-        "other_core_busy_percent": 100 * (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0,
-        "stalls_over_1ms": len(gaps),
-        "stalled_percent": 100 * sum(gaps) / (seconds * 1e9),
-        "longest_ms": max(gaps, default=0) / 1e6,
-    }
 
 
 def fmt_rate(x: float | None) -> str:
