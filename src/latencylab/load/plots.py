@@ -1,8 +1,7 @@
 """PNG plots of a load run: latency over time, latency CDFs (coordinated omission), the capacity curve.
 
-matplotlib is optional (``pip install 'latencylab[plot]'``) and imported only when a plot is drawn.
-Figures are built on the Agg canvas directly, never through pyplot, so plotting neither needs a
-display nor changes the backend of the process that calls it (a notebook keeps its own).
+Each ``*_figure`` function returns the figure, each ``plot_*`` one writes it as a PNG file; the set-up
+(Agg canvas, never pyplot; optional matplotlib; colours) is :mod:`latencylab.plotting`'s.
 All latencies are drawn in milliseconds on log axes: a stall is 100-1000x the median, and a
 linear axis would flatten everything but the stall.
 """
@@ -17,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from latencylab import stats
-from latencylab.errors import LatencyLabError, require
+from latencylab.errors import LatencyLabError
 from latencylab.load.results import LoadResult, Slo
+from latencylab.plotting import P50, P99, SLO_RED, fmt_ms, log_ms_axis, new_figure, save_png
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DPI",
     "FIGSIZE",
+    "capacity_figure",
+    "cdf_figure",
+    "latency_over_time_figure",
     "objective_threshold_ms",
     "plot_capacity",
     "plot_cdf",
@@ -37,13 +40,10 @@ __all__ = [
 DPI = 110
 FIGSIZE = (10.0, 5.5)  # inches: 1100 x 605 px at DPI
 
-# One colour per meaning, the same in every plot.
-_P50 = "#1f77b4"  # blue
-_P99 = "#ff7f0e"  # orange
+# One colour per meaning, the same in every plot (P50, P99 and SLO_RED: latencylab.plotting).
 _CORRECTED = "#1f77b4"  # the true latency (from the intended send), as the p50/p99 lines are
 _UNCORRECTED = "#ff7f0e"
 _LATENESS = "#7f7f7f"
-_SLO = "#d62728"  # red: used for nothing else
 _SHED = "#9467bd"
 _ERROR = "#8c564b"
 
@@ -68,45 +68,7 @@ def _slo(summary: Mapping[str, Any], slo_ms: float | None) -> tuple[float, str] 
 
 
 def _new_figure(ncols: int = 1) -> tuple[Figure, list[Axes]]:
-    require("matplotlib", "plot")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=FIGSIZE, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, ncols, squeeze=False)[0]
-    return fig, list(axes)
-
-
-def _save(fig: Figure, path: str | Path, dpi: int) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    # No bbox_inches="tight": the image is exactly FIGSIZE * dpi, whatever the labels.
-    fig.savefig(p, dpi=dpi, format="png")
-    return p
-
-
-def _fmt_ms(v: float) -> str:
-    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
-
-
-def _log_ms_axis(axis: Any) -> None:
-    """Plain-number ms labels on a log axis; 2x and 5x ticks labelled too when it spans under 2 decades."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
-
-    def major(v: float, _pos: int | None) -> str:
-        return f"{v:g}"
-
-    def minor(v: float, _pos: int | None) -> str:
-        lo, hi = sorted(axis.get_view_interval())
-        if lo <= 0 or math.log10(hi / lo) > 2:
-            return ""
-        return f"{v:g}"
-
-    axis.set_major_locator(LogLocator(base=10))
-    axis.set_major_formatter(FuncFormatter(major))
-    axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
-    axis.set_minor_formatter(FuncFormatter(minor))
+    return new_figure(FIGSIZE, ncols)
 
 
 def _rate(v: Any) -> str:
@@ -127,11 +89,11 @@ def _stats_line(summary: Mapping[str, Any]) -> str:
     if summary.get("achieved_rate") is not None:
         parts.append(f"achieved {_rate(summary['achieved_rate'])}")
     if summary.get("p50_ms") is not None:
-        parts.append(f"p50 {_fmt_ms(summary['p50_ms'])} ms")
+        parts.append(f"p50 {fmt_ms(summary['p50_ms'])} ms")
     if summary.get("p99_ms") is not None:
-        text = f"p99 {_fmt_ms(summary['p99_ms'])} ms"
+        text = f"p99 {fmt_ms(summary['p99_ms'])} ms"
         if summary.get("uncorrected_p99_ms") is not None:
-            text += f" (uncorrected {_fmt_ms(summary['uncorrected_p99_ms'])} ms)"
+            text += f" (uncorrected {fmt_ms(summary['uncorrected_p99_ms'])} ms)"
         parts.append(text)
     counts = [
         f"{summary[k]:,} {word}"
@@ -151,6 +113,11 @@ def _num(v: Any) -> float:
 
 
 def plot_latency_over_time(result: LoadResult, path: str | Path, slo_ms: float | None = None, dpi: int = DPI) -> Path:
+    """:func:`latency_over_time_figure` written to ``path`` as a PNG."""
+    return save_png(latency_over_time_figure(result, slo_ms), path, dpi)
+
+
+def latency_over_time_figure(result: LoadResult, slo_ms: float | None = None) -> Figure:
     """Per-second p50 and p99 latency (from the intended send time) on a log axis, with shed and
     failed requests per second as bars on a second axis when there are any, and the SLO threshold
     (``slo_ms``, else the run's own objective) as a horizontal line."""
@@ -186,17 +153,17 @@ def plot_latency_over_time(result: LoadResult, path: str | Path, slo_ms: float |
         bars.set_ylabel(f"requests shed / failed per {bucket:g} s")
 
     marker = "o" if len(x) <= 60 else None
-    (l50,) = ax.plot(x, p50, color=_P50, marker=marker, markersize=3, lw=1.6, label="p50")
-    (l99,) = ax.plot(x, p99, color=_P99, marker=marker, markersize=3, lw=1.6, label="p99")
+    (l50,) = ax.plot(x, p50, color=P50, marker=marker, markersize=3, lw=1.6, label="p50")
+    (l99,) = ax.plot(x, p99, color=P99, marker=marker, markersize=3, lw=1.6, label="p99")
     handles[:0] = [l99, l50]
     finite = [v for v in p50 + p99 if not math.isnan(v) and v > 0]
     if slo is not None:
-        handles.append(ax.axhline(slo[0], color=_SLO, ls="--", lw=1.3, label=slo[1]))
+        handles.append(ax.axhline(slo[0], color=SLO_RED, ls="--", lw=1.3, label=slo[1]))
         finite.append(slo[0])
     if finite:
         ax.set_yscale("log")
         ax.set_ylim(min(finite) / 1.6, max(finite) * 1.6)
-        _log_ms_axis(ax.yaxis)
+        log_ms_axis(ax.yaxis)
     else:
         ax.text(0.5, 0.5, "no successful request", transform=ax.transAxes, ha="center", color="0.4")
     ax.set_xlim(t[0], t[-1] + bucket)
@@ -207,7 +174,7 @@ def plot_latency_over_time(result: LoadResult, path: str | Path, slo_ms: float |
     ax.legend(handles=handles, loc="upper left", framealpha=0.9)
     fig.suptitle(f"Latency over time: {_describe_run(result.summary)}", fontsize=13)
     ax.set_title(_stats_line(result.summary), fontsize=9.5, color="0.3")
-    return _save(fig, path, dpi)
+    return fig
 
 
 # -- CDF -----------------------------------------------------------------------------------
@@ -231,6 +198,11 @@ def _p99(result: LoadResult, key: str, hist: str) -> float:
 
 
 def plot_cdf(result: LoadResult, path: str | Path, slo_ms: float | None = None, dpi: int = DPI) -> Path:
+    """:func:`cdf_figure` written to ``path`` as a PNG."""
+    return save_png(cdf_figure(result, slo_ms), path, dpi)
+
+
+def cdf_figure(result: LoadResult, slo_ms: float | None = None) -> Figure:
     """Latency CDFs of successful requests: from the intended send (corrected) and from the actual
     send (uncorrected), with the generator's lateness. Left: the CDF; right: its tail (1 - CDF, log)
     where the p99 of each curve is annotated. The horizontal gap between the two latency curves is
@@ -252,11 +224,11 @@ def plot_cdf(result: LoadResult, path: str | Path, slo_ms: float | None = None, 
     xlo, xhi = lat_min / 2, lat_max * 3
     # Legend order: corrected first; drawing order: corrected last, on top where the curves coincide.
     series = [
-        (2, cx, cy, _CORRECTED, "-", f"corrected (from intended send), p99 {_fmt_ms(c99)} ms"),
-        (1, ux, uy, _UNCORRECTED, "-", f"uncorrected (from actual send), p99 {_fmt_ms(u99)} ms"),
+        (2, cx, cy, _CORRECTED, "-", f"corrected (from intended send), p99 {fmt_ms(c99)} ms"),
+        (1, ux, uy, _UNCORRECTED, "-", f"uncorrected (from actual send), p99 {fmt_ms(u99)} ms"),
     ]
     if lx:
-        label = f"generator lateness (sent - intended), p99 {_fmt_ms(_p99(result, 'lateness_p99_ms', 'lateness'))} ms"
+        label = f"generator lateness (sent - intended), p99 {fmt_ms(_p99(result, 'lateness_p99_ms', 'lateness'))} ms"
         if lx[-1] < xlo:
             label += ", left of the axis"
         series.append((0, lx, ly, _LATENESS, "--", label))
@@ -269,11 +241,11 @@ def plot_cdf(result: LoadResult, path: str | Path, slo_ms: float | None = None, 
     if slo is not None:
         xhi = max(xhi, slo[0] * 2)
         for a in (ax, tail):
-            a.axvline(slo[0], color=_SLO, ls="--", lw=1.3, label=slo[1] if a is ax else None)
+            a.axvline(slo[0], color=SLO_RED, ls="--", lw=1.3, label=slo[1] if a is ax else None)
     for a in (ax, tail):
         a.set_xscale("log")
         a.set_xlim(xlo, xhi)
-        _log_ms_axis(a.xaxis)
+        log_ms_axis(a.xaxis)
         a.set_xlabel("latency (ms)")
         a.grid(True, which="major", alpha=0.35)
 
@@ -295,7 +267,7 @@ def plot_cdf(result: LoadResult, path: str | Path, slo_ms: float | None = None, 
     tail.set_title("tail (log scale)", fontsize=11)
 
     fig.suptitle(f"Latency distribution: {_describe_run(result.summary)}", fontsize=13)
-    return _save(fig, path, dpi)
+    return fig
 
 
 def _tail_formatter() -> Any:
@@ -321,16 +293,16 @@ def _annotate_tail(tail: Axes, c99: float, u99: float) -> None:
     uncorrected p99 are therefore free (when the corrected p99 is the larger, as it should be).
     """
     tail.axhline(0.01, color="0.5", lw=0.8, ls=":")
-    same = not math.isnan(u99) and _fmt_ms(u99) == _fmt_ms(c99)
+    same = not math.isnan(u99) and fmt_ms(u99) == fmt_ms(c99)
     label: dict[str, Any] = {"textcoords": "offset points", "fontsize": 9.5, "fontweight": "bold"}
     tail.plot([c99], [0.01], "o", color=_CORRECTED, ms=7, zorder=5)
     tail.annotate(
-        f"p99 {_fmt_ms(c99)} ms" + (" (both)" if same else ""), (c99, 0.01), xytext=(6, 6), color=_CORRECTED, **label
+        f"p99 {fmt_ms(c99)} ms" + (" (both)" if same else ""), (c99, 0.01), xytext=(6, 6), color=_CORRECTED, **label
     )
     if same or math.isnan(u99):
         return
     tail.plot([u99], [0.01], "o", color=_UNCORRECTED, ms=7, zorder=5)
-    tail.annotate(f"p99 {_fmt_ms(u99)} ms", (u99, 0.01), xytext=(-6, -15), ha="right", color=_UNCORRECTED, **label)
+    tail.annotate(f"p99 {fmt_ms(u99)} ms", (u99, 0.01), xytext=(-6, -15), ha="right", color=_UNCORRECTED, **label)
     if u99 > 0 and c99 / u99 >= 1.25:
         arrow = {"arrowstyle": "<->", "color": "0.25", "lw": 1.2, "shrinkA": 4, "shrinkB": 4}
         tail.annotate("", (c99, 0.01), xytext=(u99, 0.01), arrowprops=arrow)
@@ -339,7 +311,7 @@ def _annotate_tail(tail: Axes, c99: float, u99: float) -> None:
             0.97,
             0.97,
             f"coordinated omission at p99: ×{c99 / u99:.3g}\n"
-            f"{_fmt_ms(c99)} ms from the intended send\nvs {_fmt_ms(u99)} ms from the actual send",
+            f"{fmt_ms(c99)} ms from the intended send\nvs {fmt_ms(u99)} ms from the actual send",
             transform=tail.transAxes,
             ha="right",
             va="top",
@@ -375,6 +347,13 @@ def plot_capacity(
     x: str = "achieved_rate",
     dpi: int = DPI,
 ) -> Path:
+    """:func:`capacity_figure` written to ``path`` as a PNG."""
+    return save_png(capacity_figure(steps, slo_ms, x), path, dpi)
+
+
+def capacity_figure(
+    steps: Sequence[Mapping[str, Any]], slo_ms: float | None = None, x: str = "achieved_rate"
+) -> Figure:
     """Latency (p50, p99 from the intended send) against throughput for each capacity-search step:
     passing steps filled, failing ones hollow, the SLO threshold as a line and the highest passing
     step marked. ``x`` picks the throughput measure (a key of the steps, offered rate as fallback)."""
@@ -401,7 +380,7 @@ def plot_capacity(
     fig, (ax,) = _new_figure()
     from matplotlib.lines import Line2D
 
-    for attr, color, marker in (("p50", _P50, "o"), ("p99", _P99, "s")):
+    for attr, color, marker in (("p50", P50, "o"), ("p99", P99, "s")):
         drawn = [(p.x, float(getattr(p, attr)), p.passed) for p in pts if not math.isnan(getattr(p, attr))]
         ax.plot([d[0] for d in drawn], [d[1] for d in drawn], color=color, lw=1.4, alpha=0.8)
         for passed in (True, False):
@@ -417,18 +396,18 @@ def plot_capacity(
                 zorder=4,
             )
     handles: list[Any] = [
-        Line2D([], [], color=_P99, marker="s", lw=1.4, label="p99"),
-        Line2D([], [], color=_P50, marker="o", lw=1.4, label="p50"),
+        Line2D([], [], color=P99, marker="s", lw=1.4, label="p99"),
+        Line2D([], [], color=P50, marker="o", lw=1.4, label="p50"),
         Line2D([], [], color="0.3", marker="o", ls="", markersize=8, label="step passed"),
         Line2D([], [], color="0.3", marker="o", ls="", markersize=8, markerfacecolor="white", label="step failed"),
     ]
     finite = [v for p in pts for v in (p.p50, p.p99) if not math.isnan(v) and v > 0]
     if slo_ms is not None:
-        handles.insert(2, ax.axhline(slo_ms, color=_SLO, ls="--", lw=1.3, label=f"SLO {slo_ms:g} ms"))
+        handles.insert(2, ax.axhline(slo_ms, color=SLO_RED, ls="--", lw=1.3, label=f"SLO {slo_ms:g} ms"))
         finite.append(slo_ms)
     ax.set_yscale("log")
     ax.set_ylim(min(finite) / 1.6, max(finite) * 1.6)
-    _log_ms_axis(ax.yaxis)
+    log_ms_axis(ax.yaxis)
     xs = [p.x for p in pts]
     pad = (max(xs) - min(xs)) * 0.06 or max(xs) * 0.1
     x0, x1 = max(0.0, min(xs) - pad), max(xs) + pad
@@ -454,7 +433,7 @@ def plot_capacity(
         sub += f" ({undrawn} without a successful request, not drawn)"
     fig.suptitle("Capacity search: latency vs throughput", fontsize=13)
     ax.set_title(sub, fontsize=9.5, color="0.3")
-    return _save(fig, path, dpi)
+    return fig
 
 
 # -- all of them ---------------------------------------------------------------------------
