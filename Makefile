@@ -57,5 +57,31 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The side-by-side benchmarks that need nothing beyond the project venv (no peer venv, no nginx), one after the
+# other, each holding the machine-wide benchmark lock so that no other benchmark or timing test runs beside it.
+# Printed output in results/bench-*.txt (git-ignored); figures and what they mean: docs/benchmarks/. About
+# 50 minutes on the 2-vCPU reference VM:
+#   profiler_overhead.py  the profiler vs hand-written perf_counter_ns instrumentation               a few min
+#   load_truth.py         the generator vs the service times drawn; open vs closed loop under a stall  ~1 min
+#   optimize_vs_peers.py  the search's choice vs eager FP32 and the peers' recipes (text, 1 and 2 threads) ~21 min
+#   serve_overload.py     latencylab serve vs the naive server at 2x capacity (vision, 3 runs)            ~13 min
+#   serve_vs_peers.py     capacity vs the naive server on one ORT graph, pooled (takes the lock itself,
+#                         per server and step: wrapping it in flock would deadlock)                      ~10 min
+# Left out, as they need set-up first: load_vs_locust.py (nginx-light + peers/locust_setup.sh) and
+# serve_vs_peers.py's MLServer and Ray Serve (peers/mlserver_text_setup.sh, peers/rayserve_setup.sh).
+# A benchmark prints its own verdict (MET / NOT MET); `tee` keeps make going to the next one.
+BENCH_LOCK := flock /tmp/latencylab-bench.lock
+bench: $(STAMP)
+	@mkdir -p results
+	$(BENCH_LOCK) $(BIN)/python benchmarks/profiler_overhead.py 2>&1 | tee results/bench-profiler-overhead.txt
+	$(BENCH_LOCK) $(BIN)/python benchmarks/load_truth.py 2>&1 | tee results/bench-load-truth.txt
+	$(BENCH_LOCK) $(BIN)/python benchmarks/optimize_vs_peers.py --json results/bench-optimize-vs-peers.json \
+		2>&1 | tee results/bench-optimize-vs-peers.txt
+	$(BENCH_LOCK) $(BIN)/python benchmarks/serve_overload.py --model vision --runs 3 --duration 40 \
+		--start-rate 120 --json results/bench-serve-overload-vision.json 2>&1 | tee results/bench-serve-overload-vision.txt
+	$(BIN)/python benchmarks/serve_vs_peers.py --runtime onnx --peers-fused --only latencylab,naive \
+		--grid 33,39,45 --pooled 4 --strict --json results/bench-serve-vs-peers.json 2>&1 \
+		| tee results/bench-serve-vs-peers.txt
+
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
