@@ -1,4 +1,4 @@
-"""A/A false-positive rate and power of latencylab compare (docs/bench-sections/compare.md)."""
+"""A/A false-positive rate and power of latencylab compare (docs/benchmarks/compare.md)."""
 
 import math
 import sys
@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from latencylab.compare import stats as cs
-from latencylab.compare.core import compare_series
+from latencylab.compare.series import compare_series
 from latencylab.histogram import LatencyHistogram
 
 REPS, N = int(sys.argv[1]), int(sys.argv[2])
