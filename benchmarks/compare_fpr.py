@@ -7,7 +7,8 @@ import sys
 
 import numpy as np
 
-from latencylab.compare.core import LATENCY_METRICS, compare_series
+from latencylab.compare.model import LATENCY_METRICS
+from latencylab.compare.series import compare_series
 from latencylab.compare.stats import Binned
 from latencylab.histogram import LatencyHistogram
 

@@ -15,7 +15,9 @@ from conftest import Noise
 from latencylab.analysis import save_profile
 from latencylab.cli import main
 from latencylab.compare import stats as cstats
-from latencylab.compare.core import Comparison, Gate, compare_docs, compare_files, compare_series
+from latencylab.compare.core import compare_docs, compare_files
+from latencylab.compare.model import Comparison, Gate
+from latencylab.compare.series import compare_series
 from latencylab.errors import LatencyLabError
 from latencylab.histogram import LatencyHistogram
 from latencylab.load.results import LoadResult

@@ -22,8 +22,9 @@ from latencylab.canary import CanaryDelta, Reading, compare_canaries, summarize
 from latencylab.cli import main
 from latencylab.clock import FakeClock
 from latencylab.compare import stats as cstats
-from latencylab.compare.core import Comparison, Gate, compare_docs
+from latencylab.compare.core import compare_docs
 from latencylab.compare.interleave import Spec
+from latencylab.compare.model import Comparison, Gate
 from latencylab.env import diff as env_diff
 from latencylab.errors import LatencyLabError
 from latencylab.pipeline import Pipeline

@@ -1,4 +1,4 @@
-"""``latencylab compare``: render a :class:`~latencylab.compare.core.Comparison`, and the CLI glue."""
+"""``latencylab compare``: render a :class:`~latencylab.compare.model.Comparison`, and the CLI glue."""
 
 from __future__ import annotations
 
@@ -6,15 +6,9 @@ import argparse
 import math
 from typing import TYPE_CHECKING
 
-from latencylab.compare.core import (
-    Comparison,
-    Gate,
-    GateResult,
-    MetricDelta,
-    compare_docs,
-    compare_files,
-    label,
-)
+from latencylab.compare.core import compare_docs, compare_files
+from latencylab.compare.model import Comparison, Gate, GateResult, label
+from latencylab.compare.stats import MetricDelta
 from latencylab.errors import LatencyLabError
 
 if TYPE_CHECKING:

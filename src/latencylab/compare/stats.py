@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from latencylab.stats import format_q
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -246,13 +248,31 @@ def _replicates(b: Binned, stats: Sequence[float | str], n_boot: int, rng: np.ra
     return out
 
 
-class Change:
-    """What every delta derives from its ``baseline`` and ``candidate`` (:class:`BootDelta` here,
-    :class:`latencylab.compare.core.MetricDelta`): the difference and the relative change."""
+@dataclass(frozen=True, slots=True)
+class MetricDelta:
+    """The change of one metric from baseline to candidate: what :func:`bootstrap_deltas` returns and every
+    row of a :class:`latencylab.compare.model.Comparison` holds.
 
-    __slots__ = ()
+    ``unit``: "ns" (latency), "1/s" (throughput) or "fraction" (error rate); "" where the caller has not
+    said (:func:`bootstrap_deltas`). ``ci_low``/``ci_high`` bound ``candidate - baseline`` and
+    ``rel_ci_low``/``rel_ci_high`` bound ``candidate / baseline - 1`` (None when the baseline is 0), at the
+    comparison's confidence. ``method`` names the test behind ``p_value``. ``significant``: the evidence
+    excludes no change; ``flagged``: significant and at least the noise threshold of the baseline.
+    """
+
+    metric: str
+    unit: str
     baseline: float
     candidate: float
+    ci_low: float
+    ci_high: float
+    rel_ci_low: float | None
+    rel_ci_high: float | None
+    p_value: float
+    method: str
+    significant: bool
+    flagged: bool
+    enough: bool = True  # both sides have TAIL_SAMPLES beyond the quantile
 
     @property
     def diff(self) -> float:
@@ -266,31 +286,6 @@ class Change:
         return self.diff / self.baseline
 
 
-@dataclass(frozen=True, slots=True)
-class BootDelta(Change):
-    """Bootstrap inference on ``candidate - baseline`` for one statistic.
-
-    ``ci_*`` bound the difference, ``rel_ci_*`` the relative difference
-    (candidate / baseline - 1, from the same replicates), both two-sided at
-    ``confidence``. ``p_value`` is the two-sided bootstrap p-value,
-    2 min(P*(delta <= 0), P*(delta >= 0)) capped at 1: below alpha exactly
-    when the (1 - alpha) percentile interval excludes 0 (up to ties at 0).
-    """
-
-    baseline: float
-    candidate: float
-    ci_low: float
-    ci_high: float
-    rel_ci_low: float | None
-    rel_ci_high: float | None
-    p_value: float
-    confidence: float
-
-    @property
-    def significant(self) -> bool:
-        return self.ci_low > 0 or self.ci_high < 0
-
-
 def bootstrap_deltas(
     baseline: Binned,
     candidate: Binned,
@@ -298,8 +293,13 @@ def bootstrap_deltas(
     alpha: float = 0.05,
     n_boot: int = DEFAULT_BOOT,
     seed: int = 0,
-) -> list[BootDelta]:
-    """Percentile-bootstrap CIs of ``stat(candidate) - stat(baseline)`` for each statistic (see module doc)."""
+) -> list[MetricDelta]:
+    """Percentile-bootstrap CIs of ``stat(candidate) - stat(baseline)`` for each statistic (see module doc).
+
+    ``p_value`` is the two-sided bootstrap p-value, 2 min(P*(delta <= 0), P*(delta >= 0)) capped at 1:
+    below alpha exactly when the (1 - alpha) percentile interval excludes 0 (up to ties at 0), which is
+    when the delta is ``significant``. ``metric`` names the statistic (``p50``, ``mean``); ``flagged`` is
+    left False (the noise threshold is the caller's)."""
     if not 0 < alpha < 1:
         raise ValueError("alpha must be in (0, 1)")
     rng = np.random.default_rng(seed)
@@ -319,7 +319,9 @@ def bootstrap_deltas(
             rl, rh = np.quantile(rj, [alpha / 2, 1 - alpha / 2])
             rel_lo, rel_hi = float(rl), float(rh)
         out.append(
-            BootDelta(
+            MetricDelta(
+                s if isinstance(s, str) else format_q(s),
+                "",
                 statistic(baseline, s),
                 statistic(candidate, s),
                 float(lo),
@@ -327,7 +329,9 @@ def bootstrap_deltas(
                 rel_lo,
                 rel_hi,
                 p,
-                1.0 - alpha,
+                "bootstrap",
+                bool(lo > 0 or hi < 0),
+                False,
             )
         )
     return out
