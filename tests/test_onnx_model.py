@@ -14,7 +14,8 @@ import pytest
 
 from latencylab.errors import LatencyLabError, MissingDependencyError
 from latencylab.workloads import WorkloadOptions, build_workload
-from latencylab.workloads.onnx_model import DEFAULT_DIM, INT_HIGH, POOL_SIZE, build
+from latencylab.workloads.onnx_model import build
+from latencylab.workloads.onnx_spec import DEFAULT_DIM, INT_HIGH, POOL_SIZE
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -453,7 +454,8 @@ def test_guessed_token_inputs_follow_names_and_the_embedding_table(tokens_model:
 
 
 def test_guess_rules_by_name() -> None:
-    from latencylab.workloads.onnx_model import InputSpec, guess_rule
+    from latencylab.workloads.onnx_inputs import guess_rule
+    from latencylab.workloads.onnx_spec import InputSpec
 
     def rule(name: str, dtype: str = "tensor(int64)", tables: dict[str, int] | None = None) -> Any:
         return guess_rule(InputSpec(name, ("b", "s"), dtype), (1, 8), tables or {})
