@@ -24,10 +24,14 @@ Method
    process (the generator) pinned to CPU 0. Reported: sent / ok / shed / error (the identity is
    asserted), p99 of ok requests from the intended send time (coordinated-omission corrected), goodput,
    shed reasons and error kinds from the server's /metrics, and p99 per 10-s window.
-4. The same arrivals (same seed) against benchmarks/serve_naive.py: same variant object, same OIP codec,
-   one forward per request, unbounded FIFO, no admission control; its per-request timeout is
-   ``--duration`` s (beyond that a request counts as an error), so the run stays bounded. A fresh process
-   per run. Its collapse: the p99 of its last 10-s window is at least twice its first's, and over the SLO.
+4. benchmarks/serve_naive.py (same variant object, same OIP codec, one forward per request, unbounded FIFO,
+   no admission control; a fresh process per run), overloaded by the same factor: first a 5-s probe measures
+   its CPU per answered request, whose inverse is its ceiling (one process on one CPU); it is then offered
+   ``--factor`` x the larger of latencylab's capacity and that ceiling (Poisson, same seed), since on vision
+   it is cheaper per request than latencylab and 2x latencylab's capacity can be under its own ceiling
+   (``--naive-at-same-rate``: latencylab's overload rate regardless). Its per-request timeout is
+   ``--duration`` s (beyond that a request counts as an error), so the run stays bounded. Its collapse: the
+   p99 of its last 10-s window is at least twice its first's, and over the SLO.
 5. Server CPU per successful request (from /proc, all threads) for every run: what each request costs.
 
 Why the SLO: a vision request costs the server ~3 ms of CPU (HTTP + JSON + base64 + JPEG decode + resize
@@ -89,6 +93,7 @@ from latencylab.load.runner import load_test
 SERVER_CPU = 1
 CLIENT_CPU = 0
 WINDOW_S = 10.0
+NAIVE_PROBE_S = 5.0
 
 
 def payloads_for(model: str) -> list[Payload]:
@@ -197,6 +202,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of both servers")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the generator to CPUs")
     ap.add_argument("--skip-naive", action="store_true")
+    ap.add_argument(
+        "--naive-at-same-rate", dest="naive_own_ceiling", action="store_false",
+        help="offer the naive server latencylab's overload rate even when its own ceiling (1 / CPU per request, "
+        "from a 5-s probe) is higher (default: factor x the larger of the two)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON")
     args = ap.parse_args()
@@ -311,15 +321,29 @@ def one_run(
             argv += ["--threads", str(args.threads)]
             log = Path(tmp) / "naive.log"
             with server_process(argv, log, pin) as srv:
-                print(f"naive: Poisson {rate:.1f}/s for {args.duration:g} s (request timeout {args.duration:g} s)")
                 time.sleep(1.0)
+                # The naive server's own ceiling: its CPU per answered request over a short probe at the overload
+                # rate (one process pinned to one CPU: it cannot answer faster than 1 / CPU-per-request). It is
+                # cheaper per request than latencylab on vision (no admission, no batching bookkeeping), so
+                # `factor` x latencylab's capacity may be no overload for it; it gets `factor` x the larger.
+                cpu0 = proc_cpu_s(srv.proc.pid)
+                probe, _ = run_once(srv.url, path, payloads, rate, NAIVE_PROBE_S, 10.0, slo, seed + 1, {}, None,
+                                    args.request_start)  # fmt: skip
+                cpu_ms = 1e3 * (proc_cpu_s(srv.proc.pid) - cpu0) / max(1, probe.summary["ok"])
+                ceiling = 1e3 / cpu_ms if cpu_ms > 0 else 0.0
+                naive_rate = args.factor * max(cap_rate, ceiling) if args.naive_own_ceiling else rate
+                time.sleep(2.0)
+                print(f"naive: CPU {cpu_ms:.2f} ms per answer (ceiling {ceiling:.1f}/s); Poisson {naive_rate:.1f}/s "
+                      f"for {args.duration:g} s (request timeout {args.duration:g} s)")  # fmt: skip
                 cpu0 = proc_cpu_s(srv.proc.pid)
                 res, rec = run_once(
-                    srv.url, path, payloads, rate, args.duration, args.duration, slo, seed, {}, None,
+                    srv.url, path, payloads, naive_rate, args.duration, args.duration, slo, seed, {}, None,
                     args.request_start,
                 )  # fmt: skip
                 nv = summarise("naive", res, rec, slo_ms, args.duration)
                 nv["server_cpu_ms_per_ok"] = 1e3 * (proc_cpu_s(srv.proc.pid) - cpu0) / max(1, nv["ok"])
+                nv["probe_cpu_ms_per_ok"] = cpu_ms
+                nv["ceiling_rate"] = ceiling
             out["naive"] = nv
 
     # The accounting identity is not a performance claim: a request without exactly one outcome is a bug.
@@ -342,7 +366,8 @@ def one_run(
         p99s = [w["p99_ms"] for w in nv["windows"] if w["p99_ms"] is not None]
         growing = len(p99s) >= 2 and p99s[-1] >= 2 * p99s[0] and p99s[-1] > slo_ms
         trend = " -> ".join(f"{p:.0f}" for p in p99s)
-        checks.append((f"naive server collapses: p99 per window {trend} ms (last >= 2 x first, > SLO)", growing))
+        checks.append((f"naive server at {nv.get('offered_rate', rate):.1f}/s collapses: p99 per window {trend} ms "
+                       f"(last >= 2 x first, > SLO)", growing))  # fmt: skip
         checks.append((f"naive sent == ok + shed + error ({nv['sent']})", nv["identity"]))
     print()
     for text, passed in checks:
@@ -362,7 +387,8 @@ def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> No
             continue
         wins = ", ".join(fmt(w["p99_ms"], ".1f") for w in ll["windows"])
         nw = [w["p99_ms"] for w in (nv or {}).get("windows", []) if w["p99_ms"] is not None]
-        naive = f"{nw[0]:.0f} -> {nw[-1]:.0f}" if nw else "-"
+        naive_at = f"at {nv['offered_rate']:.0f}/s: " if nv and "offered_rate" in nv else ""
+        naive = f"{naive_at}{nw[0]:.0f} -> {nw[-1]:.0f}" if nw else "-"
         verdict = "PASS" if all(c["passed"] for c in r["checks"]) else "FAIL"
         rows.append([
             i, f"{fmt(cap.get('capacity_rate'))} ({fmt(cap.get('goodput'))})", f"{ll['offered_rate']:.1f}",
