@@ -18,7 +18,7 @@ def test_lab_reports_every_candidate_and_keeps_the_baseline_when_nothing_wins(tm
     doc = run_lab(cfg, tmp_path / "out", workdir=tmp_path / "work")
     status = {c["name"]: c["status"] for c in doc["candidates"]}
     from latencylab.env import fingerprint
-    from latencylab.optimize.families.torch import _native_bf16
+    from latencylab.optimize.families.torch_base import native_bf16 as _native_bf16
 
     native = _native_bf16(frozenset(fingerprint(sample_s=0.0).get("cpu", {}).get("isa") or ()))
     # BF16 runs only where the CPU has it natively (else skipped with the reason); the digits CNN keeps its accuracy

@@ -20,6 +20,7 @@ nn = torch.nn
 from latencylab.errors import LatencyLabError  # noqa: E402
 from latencylab.optimize.adapters import TextAdapter, VisionAdapter  # noqa: E402
 from latencylab.optimize.families import torch as tfam  # noqa: E402
+from latencylab.optimize.families import torch_base, torch_prune  # noqa: E402
 from latencylab.optimize.fused import FusedLayerNormGELU, find_layernorm_gelu, fuse_layernorm_gelu  # noqa: E402
 from latencylab.optimize.types import BuildContext, Candidate, Runner  # noqa: E402
 
@@ -73,7 +74,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _weights(model: Any) -> dict[str, Any]:
-    return {n: m.weight.detach().clone() for n, m in tfam._prunable(model)}
+    return {n: m.weight.detach().clone() for n, m in torch_prune._prunable(model)}
 
 
 # ---------------------------------------------------------------- the list
@@ -151,23 +152,23 @@ def test_int8_dynamic_text_cosine(text_ctx: BuildContext) -> None:
 
 def test_magnitude_mask_zeroes_exactly_the_smallest() -> None:
     w = torch.tensor([[0.1, -5.0, 0.3, 2.0], [-0.2, 0.05, 4.0, -0.4]])
-    keep = tfam.magnitude_mask(w, 0.5)
+    keep = torch_prune.magnitude_mask(w, 0.5)
     assert keep.tolist() == [[False, True, False, True], [False, False, True, True]]
     ties = torch.ones(10)  # every magnitude equal: still exactly round(0.7 * 10) zeroed
-    assert int((~tfam.magnitude_mask(ties, 0.7)).sum()) == 7
+    assert int((~torch_prune.magnitude_mask(ties, 0.7)).sum()) == 7
 
 
 def test_block_mask_zeroes_whole_blocks_of_smallest_l1() -> None:
     w = torch.arange(1.0, 33.0).reshape(4, 8)  # L1 of 1x4 blocks grows with position
-    keep = tfam.block_mask(w, 0.5, (1, 4))
+    keep = torch_prune.block_mask(w, 0.5, (1, 4))
     assert keep is not None
     assert keep.tolist() == [[False] * 8, [False] * 8, [True] * 8, [True] * 8]
-    keep44 = tfam.block_mask(-w, 0.5, (4, 4))
+    keep44 = torch_prune.block_mask(-w, 0.5, (4, 4))
     assert keep44 is not None and keep44[:, :4].logical_not().all() and keep44[:, 4:].all()
-    assert tfam.block_mask(torch.ones(10, 8), 0.5, (4, 4)) is None  # 10 rows: not tiled, left dense
+    assert torch_prune.block_mask(torch.ones(10, 8), 0.5, (4, 4)) is None  # 10 rows: not tiled, left dense
     conv = torch.randn(8, 2, 3, 3)  # GEMM view (8, 18): 1x4 does not tile, 2x... would
-    assert tfam.block_mask(conv, 0.5, (1, 4)) is None
-    assert tfam.block_mask(torch.randn(8, 4, 1, 1), 0.5, (4, 4)) is not None
+    assert torch_prune.block_mask(conv, 0.5, (1, 4)) is None
+    assert torch_prune.block_mask(torch.randn(8, 4, 1, 1), 0.5, (4, 4)) is not None
 
 
 def _check_blocks(w: Any, block: tuple[int, int], amount: float) -> None:
@@ -196,7 +197,7 @@ def test_pruning_vision_hits_the_sparsity_exactly_per_layer(
 ) -> None:
     before = _weights(vision_ctx.adapter.torch_model())
     runner = _cand(vision_ctx, name).build(vision_ctx)
-    assert isinstance(runner, tfam.TorchRunner)
+    assert isinstance(runner, torch_base.TorchRunner)
     pruned = _weights(runner.model)
     assert runner.stats["dense_layers"] == dense
     assert set(runner.stats["layer_sparsity"]) == set(pruned) - set(dense)
@@ -221,7 +222,7 @@ def test_pruning_vision_hits_the_sparsity_exactly_per_layer(
 
 def test_pruning_text_block_1x4_is_exact_on_every_linear(text_ctx: BuildContext) -> None:
     runner = _cand(text_ctx, "torch-prune-block1x4-50").build(text_ctx)
-    assert isinstance(runner, tfam.TorchRunner)
+    assert isinstance(runner, torch_base.TorchRunner)
     assert runner.stats["dense_layers"] == [] and runner.stats["pruned_layers"] == 37
     assert runner.stats["sparsity"] == pytest.approx(0.5, abs=1e-6)
     for _, w in _weights(runner.model).items():
@@ -297,7 +298,7 @@ def test_torch_compile_vision_reports_compile_time_and_recompiles(vision_ctx: Bu
     cand = _cand(vision_ctx, "torch-compile")
     assert cand.skip_reason(vision_ctx) is None  # g++ is on PATH here
     runner = cand.build(vision_ctx)
-    assert isinstance(runner, tfam.CompiledRunner)
+    assert isinstance(runner, torch_base.CompiledRunner)
     assert runner.stats["compile_s"] > 0 and runner.stats["graphs"] >= 1 and runner.stats["recompiles"] == 0
     ref = _outputs(_cand(vision_ctx, "torch-fp32").build(vision_ctx), vision_ctx, 20)
     np.testing.assert_allclose(_outputs(runner, vision_ctx, 20), ref, rtol=1e-4, atol=1e-4)
