@@ -23,7 +23,8 @@ from latencylab.serve.app import build_state, lifespan_app  # noqa: E402
 from latencylab.serve.config import ModelConfig, ServerConfig  # noqa: E402
 from latencylab.serve.ort_text import OrtTextVariant, _session, ort_text_variant, text_onnx_path  # noqa: E402
 from latencylab.serve.types import InferRequest, Tensor  # noqa: E402
-from latencylab.serve.variants import TextVariant, build_variants  # noqa: E402
+from latencylab.serve.variants import build_variants  # noqa: E402
+from latencylab.serve.variants_text import TextVariant  # noqa: E402
 from latencylab.workloads.text import corpus  # noqa: E402
 
 

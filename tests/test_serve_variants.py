@@ -17,13 +17,9 @@ pytest.importorskip("sklearn")
 
 from latencylab.errors import LatencyLabError  # noqa: E402
 from latencylab.serve.types import InferRequest, ProtocolError, Tensor, Variant  # noqa: E402
-from latencylab.serve.variants import (  # noqa: E402
-    MAX_IMAGE_PIXELS,
-    TextVariant,
-    VisionVariant,
-    build_variants,
-    length_groups,
-)
+from latencylab.serve.variants import build_variants  # noqa: E402
+from latencylab.serve.variants_text import TextVariant, length_groups  # noqa: E402
+from latencylab.serve.variants_vision import MAX_IMAGE_PIXELS, VisionVariant  # noqa: E402
 from latencylab.workloads import WorkloadOptions, build_workload, vision  # noqa: E402
 from latencylab.workloads.text import corpus  # noqa: E402
 
@@ -379,7 +375,7 @@ class _ThreadsSeen(torch.nn.Module):
 def test_long_text_batches_run_on_more_threads_in_their_own_thread_only() -> None:
     import threading
 
-    from latencylab.serve.variants import TextItem, TextVariant
+    from latencylab.serve.variants_text import TextItem, TextVariant
 
     enc = _ThreadsSeen()
     v = TextVariant("fp32", "primary", tokenizer=None, model=enc, split_cost_tokens=0)

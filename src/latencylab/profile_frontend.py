@@ -126,16 +126,13 @@ def run_profile(opts: ProfileOptions, out: Console) -> int:
     from rich.console import Console
 
     from latencylab.analysis import analyze, save_profile
+    from latencylab.device import check_device
     from latencylab.env import fingerprint, lint
     from latencylab.profiler import apply_threads, profile
     from latencylab.report.terminal import render_profile
     from latencylab.workloads import build_source
 
-    if opts.device.startswith("cuda"):
-        from latencylab.clock import cuda_available
-
-        if not cuda_available():
-            raise LatencyLabError(f"--device {opts.device}: no CUDA device is available on this machine")
+    check_device(opts.device)
     cfg = opts.config()
     wopts = opts.workload_options()
     apply_threads(opts.threads)

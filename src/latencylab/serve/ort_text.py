@@ -37,7 +37,7 @@ import numpy as np
 
 from latencylab.errors import LatencyLabError
 from latencylab.optimize.families.onnxruntime.common import GRAPH_LEVELS, _ort, session_options
-from latencylab.serve.variants import TextVariant
+from latencylab.serve.variants_text import TextVariant
 
 __all__ = [
     "GRAPH_LEVELS",

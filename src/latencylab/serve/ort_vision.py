@@ -2,7 +2,7 @@
 ``logits`` (N, classes), such as the vision model that ``latencylab optimize --out`` exports.
 
 Decoding, resizing and normalising are the vision workload's own functions, as for the torch rungs
-(:class:`latencylab.serve.variants.VisionVariant`, which this class reuses whole): only the forward call
+(:class:`latencylab.serve.variants_vision.VisionVariant`, which this class reuses whole): only the forward call
 runs in an ONNX Runtime CPU session instead of torch. ``res`` and the number of classes are read from the
 graph's fixed input and output dimensions.
 """
@@ -16,7 +16,7 @@ import numpy as np
 
 from latencylab.errors import LatencyLabError
 from latencylab.serve.ort_text import OrtSessionKnobs, ort_session
-from latencylab.serve.variants import VisionVariant
+from latencylab.serve.variants_vision import VisionVariant
 
 __all__ = ["OrtVisionVariant", "vision_shape"]
 

@@ -7,6 +7,11 @@ Each model has a ladder of variants, in the order the SLO guard steps down it::
             FP32 on ONNX Runtime (CPU)
     vision  "fp32": digits CNN at 64x64    "res32": same CNN at 32x32   dynamic INT8 classifier (convs stay FP32)
 
+This module is the registry: the ladders, and the builders that load the weights once and make every rung
+(:func:`build_variants`). The variants themselves live in serve/variants_text.py (:class:`TextVariant`),
+serve/variants_vision.py (:class:`VisionVariant`) and, for the ONNX Runtime rungs, serve/ort_text.py and
+serve/ort_vision.py; what they share is serve/variants_base.py.
+
 A variant implements :class:`latencylab.serve.types.Variant`: ``preprocess``
 turns one request into an item (and refuses bad content with a 400
 :class:`ProtocolError`), ``forward`` runs a batch of items in one model call,
@@ -40,37 +45,22 @@ rungs use.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import copy
-import io
-import threading
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from latencylab.errors import LatencyLabError, require
-from latencylab.serve.types import InferRequest, ProtocolError, Tensor, TensorSpec, Variant
+from latencylab.device import check_device
+from latencylab.errors import LatencyLabError
+from latencylab.serve.types import Variant
+from latencylab.serve.variants_base import check_max_batch_size, torch_module
+from latencylab.serve.variants_text import TEXT_MAX_LENGTH, TextVariant
+from latencylab.serve.variants_vision import VisionVariant
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "EXTRAS",
-    "LADDERS",
-    "TextBatch",
-    "TextItem",
-    "TextVariant",
-    "VisionBatch",
-    "VisionVariant",
-    "build_variants",
-    "length_groups",
-]
-
-KINDS = ("primary", "lighter", "quantized")
+__all__ = ["EXTRAS", "LADDERS", "build_variants"]
 
 # model -> its ladder, in fallback order: (variant name, kind).
 # Text leads with "fp32-onnx": the same FP32 weights on ONNX Runtime, the fastest text runtime measured on a CPU
@@ -86,101 +76,14 @@ EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
     "vision": (),
 }
 
-TEXT_MAX_LENGTH = 256  # tokens; all-MiniLM-L6-v2 was trained at 256
-MIN_BUCKET_TOKENS = 16  # the batcher's smallest text cost class (TextVariant.buckets)
 LIGHT_TEXT_LAYERS = 3
 LIGHT_TEXT_TOKENS = 64
 LIGHT_VISION_RES = 32
-# The cost of one more encoder call, in padded tokens, when forward splits a batch into
-# length groups. Measured for MiniLM-L6 on these 2-vCPU machines at 1 thread: a call
-# costs about 11 ms plus 0.35 ms per padded token, so 32 tokens. On a GPU a call's
-# fixed cost dwarfs its per-token cost: split only on extreme length spreads.
-SPLIT_COST_TOKENS_CPU = 32
-SPLIT_COST_TOKENS_CUDA = 4096
-# Bigger images are refused before decoding: a 40-byte header can claim a gigapixel.
-MAX_IMAGE_PIXELS = 4096 * 4096
-
-# Hugging Face fast tokenizers keep truncation settings in mutable Rust state;
-# concurrent calls from the server's worker threads can fail with "Already
-# borrowed". Tokenising one request takes well under a millisecond, so one lock
-# for every variant costs nothing measurable.
-_TOKENIZE_LOCK = threading.Lock()
-
-_WARMUP_TEXT = (
-    "A short synthetic sentence, long enough to exercise every layer of the encoder the way a real query would."
-)
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _torch() -> Any:
-    return require("torch", "torch")
-
-
-def _check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise LatencyLabError(f"variant kind must be one of {', '.join(KINDS)}, got {kind!r}")
-
-
-def _check_device(device: str) -> str:
-    """Normalise "cpu", "cuda" or "cuda:N"; a CUDA device must be visible to torch."""
-    dev = device.strip().lower()
-    if dev == "cpu":
-        return dev
-    if dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit()):
-        torch = _torch()
-        index = int(dev[5:]) if ":" in dev else 0
-        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-            raise LatencyLabError(f"device {device!r} requested but torch sees no such CUDA device")
-        return dev
-    raise LatencyLabError(f"device must be cpu, cuda or cuda:N, got {device!r}")
-
-
-def _check_max_batch_size(max_batch_size: int) -> int:
-    if max_batch_size < 1:
-        raise LatencyLabError(f"max_batch_size must be >= 1, got {max_batch_size}")
-    return int(max_batch_size)
-
-
-def _bytes_elements(request: InferRequest, name: str, max_rows: int) -> list[Any]:
-    """The elements of the 1-D BYTES input ``name``: 1 to ``max_rows`` of them, or a 400."""
-    t = request.input(name)
-    if t.datatype != "BYTES":
-        raise ProtocolError(f"input {name!r} must have datatype BYTES, got {t.datatype}")
-    if len(t.shape) != 1:
-        raise ProtocolError(f"input {name!r} must be 1-D (shape [-1]), got shape {list(t.shape)}")
-    data = np.asarray(t.data, dtype=object).reshape(-1)
-    if data.size != t.shape[0]:
-        raise ProtocolError(f"input {name!r} declares shape {list(t.shape)} but holds {data.size} element(s)")
-    if data.size == 0:
-        raise ProtocolError(f"input {name!r} is empty: send at least one element")
-    if data.size > max_rows:
-        raise ProtocolError(f"input {name!r} has {data.size} elements; this model takes at most {max_rows} per request")
-    return list(data)
-
-
-def _split_counts(counts: Sequence[int], n: int) -> list[tuple[int, int]]:
-    if len(counts) != n:
-        raise LatencyLabError(f"postprocess: the batch holds {len(counts)} request(s), not {n}")
-    spans, start = [], 0
-    for k in counts:
-        spans.append((start, start + k))
-        start += k
-    return spans
-
-
-def _check_warmup_sizes(batch_sizes: Sequence[int], max_batch_size: int) -> list[int]:
-    sizes = [int(b) for b in batch_sizes]
-    bad = [b for b in sizes if not 1 <= b <= max_batch_size]
-    if bad:
-        raise LatencyLabError(f"warmup batch sizes must be in [1, {max_batch_size}], got {bad}")
-    return sizes
 
 
 def _quantize_dynamic_int8(model: torch.nn.Module) -> torch.nn.Module:
     """A CPU copy of ``model`` with every nn.Linear replaced by a dynamic INT8 one (per-tensor weights)."""
-    torch = _torch()
+    torch = torch_module()
     with warnings.catch_warnings():
         # torch.ao.quantization announces its deprecation on every call; it still works in 2.13.
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -192,226 +95,6 @@ def _quantize_dynamic_int8(model: torch.nn.Module) -> torch.nn.Module:
 
 
 # ---------------------------------------------------------------- text
-
-
-def length_groups(lengths: Sequence[int], split_cost: int) -> list[list[int]]:
-    """Partition rows into groups, each run as one padded encoder call, minimising padded tokens.
-
-    A group costs ``len(group) * max(length in group) + split_cost`` (tokens
-    computed, padding included, plus the fixed cost of a call in tokens).
-    Sorting rows by length makes the optimal groups contiguous runs of the
-    sorted order, so a dynamic programme over prefixes finds them in O(n^2)
-    (n is at most a few dozen rows). Ties keep rows together. Returns row
-    indices, shortest group first; every row appears exactly once.
-    """
-    order = sorted(range(len(lengths)), key=lambda r: lengths[r])
-    sorted_lengths = [lengths[r] for r in order]
-    n = len(order)
-    best = [0] * (n + 1)  # best[j]: least cost of the first j sorted rows
-    start = [0] * (n + 1)  # start[j]: where the last group of that solution begins
-    for j in range(1, n + 1):
-        best[j] = -1
-        for i in range(j):
-            cost = best[i] + (j - i) * sorted_lengths[j - 1] + split_cost
-            if best[j] < 0 or cost < best[j]:
-                best[j], start[j] = cost, i
-    groups = []
-    j = n
-    while j > 0:
-        groups.append(order[start[j] : j])
-        j = start[j]
-    return groups[::-1]
-
-
-@dataclass(frozen=True, slots=True)
-class TextItem:
-    """One preprocessed text request: the unpadded token ids of each of its texts."""
-
-    ids: tuple[np.ndarray, ...]  # int64, one (length,) array per text, [CLS] ... [SEP]
-
-    @property
-    def lengths(self) -> tuple[int, ...]:
-        return tuple(len(a) for a in self.ids)
-
-
-@dataclass(frozen=True, slots=True)
-class TextBatch:
-    """What ``TextVariant.forward`` returns: every row's embedding, and how many rows each request owns."""
-
-    embeddings: np.ndarray  # (rows, hidden) float32, L2-normalised
-    counts: tuple[int, ...]
-
-
-class TextVariant:
-    """A sentence-embedding variant: BYTES texts -> L2-normalised mean-pooled embeddings.
-
-    ``tokenizer`` and ``model`` are a Hugging Face fast tokenizer and a BERT
-    encoder (any module called with ``input_ids`` and ``attention_mask`` that
-    returns ``last_hidden_state``). The model is moved to ``device`` and put in
-    eval mode. Texts are tokenised unpadded (truncated at ``max_length``
-    tokens). ``forward`` sorts the batch's texts by length and splits them into
-    groups where padding every text to the longest would waste more tokens
-    than another encoder call costs (``split_cost_tokens``; None picks a
-    default for the device, a huge value means one call per batch); each group
-    is padded to its longest text, and the padding is masked out of attention
-    and pooling, so a text's embedding does not depend on what it was batched
-    with.
-    """
-
-    model_name = "text"
-
-    def __init__(
-        self,
-        name: str,
-        kind: str,
-        tokenizer: Any,
-        model: Any,
-        *,
-        max_batch_size: int = 8,
-        device: str = "cpu",
-        description: str = "",
-        max_length: int = TEXT_MAX_LENGTH,
-        split_cost_tokens: int | None = None,
-    ) -> None:
-        _check_kind(kind)
-        if max_length < 2:
-            raise LatencyLabError(f"max_length must be >= 2 (room for [CLS] and [SEP]), got {max_length}")
-        self.name = name
-        self.kind = kind
-        self.max_batch_size = _check_max_batch_size(max_batch_size)
-        self.device = _check_device(device)
-        self.description = description
-        self.max_length = int(max_length)
-        self.wide_threads: int | None = None  # intra-op threads for long batches (set by the service config)
-        self.wide_tokens = 96
-        if split_cost_tokens is None:
-            split_cost_tokens = SPLIT_COST_TOKENS_CPU if self.device == "cpu" else SPLIT_COST_TOKENS_CUDA
-        if split_cost_tokens < 0:
-            raise LatencyLabError(f"split_cost_tokens must be >= 0, got {split_cost_tokens}")
-        self.split_cost_tokens = int(split_cost_tokens)
-        self.tokenizer = tokenizer
-        self.hidden_size = self._bind(model)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_token_id = int(pad) if pad is not None else 0
-        self.inputs: tuple[TensorSpec, ...] = (TensorSpec("TEXT", "BYTES", (-1,)),)
-        self.outputs: tuple[TensorSpec, ...] = (TensorSpec("EMBEDDING", "FP32", (-1, self.hidden_size)),)
-
-    def _bind(self, model: Any) -> int:
-        """Take ``model`` as this variant's encoder; return the embedding width. (Subclasses bind other runtimes.)"""
-        self.module = model.to(self.device).eval()
-        return int(model.config.hidden_size)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, kind={self.kind!r}, device={self.device!r})"
-
-    def preprocess(self, request: InferRequest) -> TextItem:
-        """Decode the UTF-8 texts of input ``TEXT`` and tokenise each one, unpadded."""
-        texts = []
-        for i, el in enumerate(_bytes_elements(request, "TEXT", self.max_batch_size)):
-            if isinstance(el, str):
-                texts.append(el)
-            elif isinstance(el, bytes | bytearray | memoryview):
-                try:
-                    texts.append(bytes(el).decode("utf-8"))
-                except UnicodeDecodeError as exc:
-                    raise ProtocolError(f"TEXT[{i}] is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-            else:
-                raise ProtocolError(f"TEXT[{i}] must be a string, got {type(el).__name__}")
-        with _TOKENIZE_LOCK:
-            enc = self.tokenizer(
-                texts,
-                truncation=True,
-                max_length=self.max_length,
-                return_attention_mask=False,
-                return_token_type_ids=False,
-            )
-        return TextItem(tuple(np.asarray(ids, dtype=np.int64) for ids in enc["input_ids"]))
-
-    def forward(self, items: Sequence[TextItem]) -> TextBatch:
-        """Embed every text of every item: one encoder call per length group (see :func:`length_groups`)."""
-        rows = [ids for item in items for ids in item.ids]
-        counts = tuple(len(item.ids) for item in items)
-        emb = np.zeros((len(rows), self.hidden_size), dtype=np.float32)
-        for group in length_groups([len(ids) for ids in rows], self.split_cost_tokens):
-            emb[group] = self._embed([rows[r] for r in group])
-        return TextBatch(emb, counts)
-
-    def _embed(self, rows: Sequence[np.ndarray]) -> np.ndarray:
-        """(len(rows), hidden) embeddings of token-id rows, padded to the longest and masked."""
-        width = max(len(ids) for ids in rows)
-        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
-        mask = np.zeros((len(rows), width), dtype=np.int64)
-        for r, ids in enumerate(rows):
-            input_ids[r, : len(ids)] = ids
-            mask[r, : len(ids)] = 1
-        return self._encode(input_ids, mask)
-
-    def _encode(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """(rows, hidden) L2-normalised mean-pooled embeddings of one padded, masked call."""
-        torch = _torch()
-        from latencylab.workloads.text import mean_pool_normalize
-
-        width = input_ids.shape[1]
-        ids_t = torch.from_numpy(input_ids).to(self.device)
-        mask_t = torch.from_numpy(mask).to(self.device)
-        before = None
-        if self.wide_threads and width >= self.wide_tokens and self.device == "cpu":
-            before = torch.get_num_threads()  # per calling thread: only this compute thread changes
-            torch.set_num_threads(self.wide_threads)
-        try:
-            with torch.inference_mode():
-                hidden = self.module(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
-                # Pool in FP32 whatever the model computes in (a BF16 sum over 256 tokens loses digits).
-                emb: np.ndarray = mean_pool_normalize(hidden.float(), mask_t).cpu().numpy()
-        finally:
-            if before is not None:
-                torch.set_num_threads(before)
-        return emb
-
-    def postprocess(self, raw: TextBatch, n: int) -> list[tuple[Tensor, ...]]:
-        """One ``EMBEDDING`` tensor (texts, hidden) per request, in the order of the items."""
-        out: list[tuple[Tensor, ...]] = []
-        for start, stop in _split_counts(raw.counts, n):
-            emb = raw.embeddings[start:stop].copy()
-            out.append((Tensor("EMBEDDING", "FP32", emb.shape, emb),))
-        return out
-
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        """The cost classes the batcher queues and times separately: padded widths 16, 32, ... max_length."""
-        out, b = [], MIN_BUCKET_TOKENS
-        while b < self.max_length:
-            out.append(b)
-            b *= 2
-        return (*out, self.max_length) if self.max_length not in out else tuple(out)
-
-    def bucket(self, item: TextItem) -> int:
-        """An item's cost class: the smallest bucket holding all its tokens (beyond max_length for a request
-        of several texts: the next power of two). Compute grows with tokens, so a batch of one bucket has
-        one predictable cost, and a short text need not wait behind a long one."""
-        tokens = sum(item.lengths)
-        for b in self.buckets:
-            if tokens <= b:
-                return b
-        return 1 << max(0, tokens - 1).bit_length()
-
-    def warmup_items(self, n: int, bucket: int | None = None) -> list[Any]:
-        """``n`` preprocessed items of a synthetic one-sentence request (for warm-up and compute timing); with
-        ``bucket``, each one text of three quarters of that many tokens (the middle of the bucket)."""
-        if bucket is None:
-            request = InferRequest(self.model_name, None, (_bytes_tensor("TEXT", [_WARMUP_TEXT.encode()]),))
-            return [self.preprocess(request) for _ in range(n)]
-        length = max(2, min(self.max_length, (3 * bucket) // 4))
-        with _TOKENIZE_LOCK:
-            enc = self.tokenizer([_WARMUP_TEXT * 40], truncation=True, max_length=length, return_attention_mask=False)
-        ids = np.asarray(enc["input_ids"][0], dtype=np.int64)
-        return [TextItem((ids.copy(),)) for _ in range(n)]
-
-    def warmup(self, batch_sizes: Sequence[int]) -> None:
-        """Run every stage twice at each batch size on a synthetic one-sentence request."""
-        for bs in _check_warmup_sizes(batch_sizes, self.max_batch_size):
-            for _ in range(2):
-                self.postprocess(self.forward(self.warmup_items(bs)), bs)
 
 
 def _load_text_base() -> tuple[Any, Any]:
@@ -452,7 +135,7 @@ def _build_text(names: Sequence[str], max_batch_size: int, device: str) -> list[
                 "(no retraining: mean cosine vs FP32 only about 0.28, a different embedding space)",
             )
         elif name == "bf16":
-            torch = _torch()
+            torch = torch_module()
             models[name] = (
                 copy.deepcopy(base).to(torch.bfloat16),
                 device,
@@ -505,154 +188,6 @@ def _build_text(names: Sequence[str], max_batch_size: int, device: str) -> list[
 
 
 # ---------------------------------------------------------------- vision
-
-
-@dataclass(frozen=True, slots=True)
-class VisionBatch:
-    """What ``VisionVariant.forward`` returns: per-row probabilities and classes, and rows per request."""
-
-    probs: np.ndarray  # (rows, classes) float32
-    class_ids: np.ndarray  # (rows,) int64
-    counts: tuple[int, ...]
-
-
-class VisionVariant:
-    """An image classifier variant: BYTES JPEGs -> class probabilities and the top class.
-
-    Each ``IMAGE`` element is an image file's bytes, as base64 text (standard
-    alphabet; what OIP's JSON form carries) or raw (as the binary extension
-    carries; recognised by the JPEG start-of-image marker). Decoding, resizing
-    to ``res`` x ``res`` and normalising are the vision workload's own
-    functions, so server and workload compute the same inputs.
-    """
-
-    model_name = "vision"
-
-    def __init__(
-        self,
-        name: str,
-        kind: str,
-        model: Any,
-        res: int,
-        *,
-        max_batch_size: int = 8,
-        device: str = "cpu",
-        description: str = "",
-        n_classes: int = 10,
-    ) -> None:
-        from latencylab.workloads import vision
-
-        _check_kind(kind)
-        if res < 1:
-            raise LatencyLabError(f"res must be >= 1, got {res}")
-        self.name = name
-        self.kind = kind
-        self.res = int(res)
-        self.max_batch_size = _check_max_batch_size(max_batch_size)
-        self.device = _check_device(device)
-        self.description = description
-        self.module = model.to(self.device).eval()
-        self._preprocess = vision.Preprocess(self.res)
-        self._forward = vision.Forward(self.module)
-        self.inputs: tuple[TensorSpec, ...] = (TensorSpec("IMAGE", "BYTES", (-1,)),)
-        self.outputs: tuple[TensorSpec, ...] = (
-            TensorSpec("PROBABILITIES", "FP32", (-1, n_classes)),
-            TensorSpec("CLASS", "INT64", (-1,)),
-        )
-
-    def __repr__(self) -> str:
-        return f"VisionVariant(name={self.name!r}, kind={self.kind!r}, res={self.res}, device={self.device!r})"
-
-    def preprocess(self, request: InferRequest) -> torch.Tensor:
-        """Decode each image of input ``IMAGE`` -> one float32 (images, 3, res, res) CPU tensor."""
-        from latencylab.workloads import vision
-
-        arrays = []
-        for i, el in enumerate(_bytes_elements(request, "IMAGE", self.max_batch_size)):
-            data = _image_bytes(el, i)
-            _check_image_size(data, i)
-            try:
-                arrays.extend(vision.decode(data))
-            except LatencyLabError as exc:
-                raise ProtocolError(f"IMAGE[{i}]: {exc}") from None
-        return self._preprocess(arrays)
-
-    def forward(self, items: Sequence[torch.Tensor]) -> VisionBatch:
-        """Classify every image of every item in one model call."""
-        from latencylab.workloads import vision
-
-        torch = _torch()
-        counts = tuple(int(x.shape[0]) for x in items)
-        x = items[0] if len(items) == 1 else torch.cat(list(items))
-        preds = vision.postprocess(self._forward(x.to(self.device)))
-        return VisionBatch(
-            np.asarray(preds.probs, dtype=np.float32), np.asarray(preds.class_ids, dtype=np.int64), counts
-        )
-
-    def postprocess(self, raw: VisionBatch, n: int) -> list[tuple[Tensor, ...]]:
-        """``PROBABILITIES`` (images, classes) and ``CLASS`` (images,) per request, in the order of the items."""
-        out: list[tuple[Tensor, ...]] = []
-        for start, stop in _split_counts(raw.counts, n):
-            probs = raw.probs[start:stop].copy()
-            ids = raw.class_ids[start:stop].copy()
-            out.append((Tensor("PROBABILITIES", "FP32", probs.shape, probs), Tensor("CLASS", "INT64", ids.shape, ids)))
-        return out
-
-    def warmup_items(self, n: int) -> list[Any]:
-        """``n`` preprocessed items of a synthetic one-image request (for warm-up and compute timing)."""
-        request = InferRequest(self.model_name, None, (_bytes_tensor("IMAGE", [base64.b64encode(_synthetic_jpeg())]),))
-        return [self.preprocess(request) for _ in range(n)]
-
-    def warmup(self, batch_sizes: Sequence[int]) -> None:
-        """Run every stage twice at each batch size on a synthetic one-image request (base64 JPEG)."""
-        for bs in _check_warmup_sizes(batch_sizes, self.max_batch_size):
-            for _ in range(2):
-                self.postprocess(self.forward(self.warmup_items(bs)), bs)
-
-
-def _image_bytes(el: Any, i: int) -> bytes:
-    """An IMAGE element's image file bytes: raw JPEG bytes pass through, base64 text is decoded."""
-    if isinstance(el, str):
-        try:
-            el = el.encode("ascii")
-        except UnicodeEncodeError:
-            raise ProtocolError(f"IMAGE[{i}] is not base64: it contains non-ASCII characters") from None
-    if not isinstance(el, bytes | bytearray | memoryview):
-        raise ProtocolError(f"IMAGE[{i}] must be base64 text or image bytes, got {type(el).__name__}")
-    data = bytes(el)
-    if data.startswith(b"\xff\xd8"):  # a JPEG's start-of-image marker can never begin base64 text
-        return data
-    try:
-        # Line breaks (MIME-style wrapping) are tolerated; any other character outside the alphabet is not.
-        decoded = base64.b64decode(b"".join(data.split()), validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ProtocolError(f"IMAGE[{i}] is not valid base64 (standard alphabet, padded): {exc}") from None
-    if not decoded:
-        raise ProtocolError(f"IMAGE[{i}] is empty")
-    return decoded
-
-
-def _check_image_size(data: bytes, i: int) -> None:
-    """Refuse unreadable files and over-large images from the header alone, before decoding pixels."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            w, h = img.size
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise ProtocolError(f"IMAGE[{i}] is not a decodable image ({type(exc).__name__}: {exc})") from None
-    if w * h > MAX_IMAGE_PIXELS:
-        raise ProtocolError(f"IMAGE[{i}] is {w}x{h} pixels; the limit is {MAX_IMAGE_PIXELS} pixels")
-
-
-def _synthetic_jpeg(side: int = 224) -> bytes:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    pixels = rng.integers(0, 256, size=(side, side, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
-    return buf.getvalue()
 
 
 def _build_vision(names: Sequence[str], max_batch_size: int, device: str) -> list[VisionVariant]:
@@ -743,12 +278,6 @@ def build_variants(
         )
     if len(set(chosen)) != len(chosen):
         raise LatencyLabError(f"variant names repeat: {chosen}")
-    _check_max_batch_size(max_batch_size)
-    dev = _check_device(device)
+    check_max_batch_size(max_batch_size)
+    dev = check_device(device)
     return list(_BUILDERS[model](chosen, max_batch_size, dev))
-
-
-def _bytes_tensor(name: str, values: Sequence[bytes]) -> Tensor:
-    data = np.empty(len(values), dtype=object)
-    data[:] = list(values)
-    return Tensor(name, "BYTES", (len(values),), data)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from latencylab.device import check_device
 from latencylab.errors import LatencyLabError, require
 from latencylab.pipeline import Pipeline
 from latencylab.workloads import WorkloadOptions, digits_cnn
@@ -308,7 +309,7 @@ def pipeline_for_model(model: Any, opts: WorkloadOptions | None = None) -> Pipel
     """
     opts = opts or WorkloadOptions()
     spec = VisionSpec.from_params(opts.params)
-    device = _check_device(opts.device)
+    device = check_device(opts.device, "vision", "vision")
     test = digits_jpeg_splits(spec.size, opts.seed, spec.quality)[1]
     return _assemble(model, spec, test, opts, device)
 
@@ -318,7 +319,7 @@ def build(opts: WorkloadOptions) -> Pipeline:
     for module in ("torch", "PIL", "sklearn"):  # fail early with an install hint
         require(module, "vision")
     spec = VisionSpec.from_params(opts.params)
-    device = _check_device(opts.device)
+    device = check_device(opts.device, "vision", "vision")
     if opts.inputs_path is not None:
         raise LatencyLabError("vision: inputs_path is not supported (the workload serves its own test JPEGs)")
     test = digits_jpeg_splits(spec.size, opts.seed, spec.quality)[1]
@@ -412,20 +413,3 @@ def _assemble(model: Any, spec: VisionSpec, test: JpegSet, opts: WorkloadOptions
 
 def _torch() -> Any:
     return require("torch", "vision")
-
-
-def _check_device(device: str) -> str:
-    """Accept "cpu", "cuda" or "cuda:N" (with CUDA present); return the normalised name."""
-    dev = device.strip().lower()
-    if dev == "cpu":
-        return dev
-    if dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit()):
-        torch = _torch()
-        if not torch.cuda.is_available():
-            raise LatencyLabError(f"device {device!r} requested but CUDA is not available to torch")
-        index = int(dev[5:]) if ":" in dev else 0
-        count = torch.cuda.device_count()
-        if index >= count:
-            raise LatencyLabError(f"device {device!r} requested but torch sees {count} CUDA device(s)")
-        return dev
-    raise LatencyLabError(f"vision: device must be cpu, cuda or cuda:N, got {device!r}")
