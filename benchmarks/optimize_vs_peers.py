@@ -123,7 +123,7 @@ def analyse_set(budget: str, run: Mapping[str, Any], set_name: str) -> dict[str,
     to eager (at equal work: the eager model on the same inputs, or on the choice's shape policy's inputs
     when it changes them) and to the fastest peer meeting the budget on this set, and the verdicts.
     """
-    from latencylab.optimize.lab import twin_name
+    from latencylab.optimize.lab_summary import twin_name
 
     rows: Mapping[str, Any] = run["rows"]
     chosen = run.get("chosen")

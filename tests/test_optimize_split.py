@@ -10,7 +10,8 @@ import pytest
 
 from latencylab.clock import FakeClock
 from latencylab.optimize import shapes
-from latencylab.optimize.lab import _order, speedup_split, summary_of, twin_name
+from latencylab.optimize.lab import _order
+from latencylab.optimize.lab_summary import speedup_split, summary_of, twin_name
 from latencylab.optimize.search import TIME_CAP_REASON, Budget, search
 from latencylab.optimize.types import BuildContext, Candidate, Feed
 

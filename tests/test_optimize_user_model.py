@@ -17,6 +17,7 @@ import pytest
 from latencylab.errors import LatencyLabError
 from latencylab.optimize import lab
 from latencylab.optimize.lab import LabConfig, apply_recipe, run_lab
+from latencylab.optimize.lab_summary import input_lines
 from latencylab.optimize.search import Budget
 
 onnx = pytest.importorskip("onnx")
@@ -132,7 +133,7 @@ def test_guessed_inputs_are_distinct_disjoint_and_printed(tmp_path: Path, capsys
     feeds = [f["x"].tobytes() for f in a.heldout() + a.calibration()]
     assert len(feeds) == len(set(feeds)) == 40 and a.heldout()[0]["x"].shape == (1, 24)  # --seq-len honoured
     assert a.describe()["guessed_dims"] == {"tokens": 24}
-    lines = lab.input_lines(a.describe(), 24)
+    lines = input_lines(a.describe(), 24)
     assert lines == [
         "inputs: guessed (no --inputs), 40 samples: 32 held out (fidelity and latency, 32 feeds of batch 1), "
         "8 for calibration (disjoint)",

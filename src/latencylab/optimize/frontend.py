@@ -42,7 +42,7 @@ def render(doc: dict[str, Any], console: Console) -> None:
             more.append("-" if m.get("p50_ms") is None else f"{m['p50_ms']:.2f}{x}")
         t.add_row(name, c["backend"], c["status"], p50, p99, sp, *more, fid, c["reason"])
     console.print(t)
-    from latencylab.optimize.lab import input_lines
+    from latencylab.optimize.lab_summary import input_lines
 
     for line in input_lines(doc.get("model") or {}, (doc.get("config") or {}).get("seq_len")):
         console.print(line, markup=False, highlight=False)
@@ -73,7 +73,8 @@ def render(doc: dict[str, Any], console: Console) -> None:
 def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from latencylab.optimize.lab import LabConfig, apply_recipe, check_writable, run_lab
+    from latencylab.optimize.lab import LabConfig, apply_recipe, run_lab
+    from latencylab.optimize.lab_export import check_writable
 
     # what can be refused is refused now, not after a search of many minutes
     if args.json:

@@ -1,6 +1,6 @@
 """The ``optimize`` result: the lab's search (every candidate's latency and fidelity) and its choice.
 
-The document is built by :func:`latencylab.optimize.lab.result_dict` through :meth:`OptimizeResult.build`;
+The document is built by :func:`latencylab.optimize.lab_summary.result_dict` through :meth:`OptimizeResult.build`;
 readers get the same document back with typed accessors (the candidates keep their open-ended fields,
 which the report and diagnose read by name).
 """
