@@ -32,7 +32,8 @@ def build_app(model: str, threads: int) -> Any:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from latencylab.serve import protocol
+    from latencylab.serve.protocol_request import parse_infer_request
+    from latencylab.serve.protocol_response import encode_infer_response, error_body
     from latencylab.serve.types import InferResponse, ProtocolError
     from latencylab.serve.variants import build_variants
 
@@ -48,16 +49,16 @@ def build_app(model: str, threads: int) -> Any:
         (outputs,) = variant.postprocess(variant.forward([item]), 1)
         served["n"] += 1
         served["compute_s"] += time.perf_counter() - t0
-        return protocol.encode_infer_response(InferResponse(model, "fp32", outputs, req.id), req.outputs)
+        return encode_infer_response(InferResponse(model, "fp32", outputs, req.id), req.outputs)
 
     async def infer(request: Request) -> Response:
         if request.path_params["model"] != model:
-            return Response(protocol.error_body("unknown model"), 404, media_type="application/json")
+            return Response(error_body("unknown model"), 404, media_type="application/json")
         try:
-            req = protocol.parse_infer_request(await request.body(), model, None, variant.inputs)
+            req = parse_infer_request(await request.body(), model, None, variant.inputs)
             body = await asyncio.get_running_loop().run_in_executor(worker, run_one, req)
         except ProtocolError as exc:
-            return Response(protocol.error_body(str(exc)), exc.status, media_type="application/json")
+            return Response(error_body(str(exc)), exc.status, media_type="application/json")
         return Response(body, media_type="application/json")
 
     async def ready(request: Request) -> Response:

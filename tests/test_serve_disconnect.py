@@ -21,10 +21,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from fake_variants import FakeVariant
-from latencylab.serve import protocol
 from latencylab.serve.app import build_state, lifespan_app
 from latencylab.serve.config import ModelConfig, ServerConfig
 from latencylab.serve.limits import DISCONNECT, DisconnectHook
+from latencylab.serve.protocol_request import parse_infer_request
 from latencylab.serve.service import Timing
 from servers import uvicorn_thread
 from test_serve_service import BODY, Gated, until
@@ -78,7 +78,7 @@ def test_a_queued_request_whose_client_left_is_not_computed_and_counts_499() -> 
         variant.batch_sizes.clear()
         variant.entered.clear()
         variant.gate.clear()
-        req = protocol.parse_infer_request(body, "fake", None, svc.inputs)
+        req = parse_infer_request(body, "fake", None, svc.inputs)
         a = asyncio.ensure_future(svc.infer(req, Timing(svc.now_ns())))
         await until(variant.entered.is_set)
         messages = [{"type": "http.request", "body": body, "more_body": False}]
@@ -119,7 +119,7 @@ def test_a_request_whose_client_left_before_a_preprocess_worker_took_it_is_not_p
     variant = Gated("fp32", 0.001, hold_preprocess=True)
     state = _state(variant)
     svc = state.services["fake"]
-    req = protocol.parse_infer_request(json.dumps(BODY).encode(), "fake", None, svc.inputs)
+    req = parse_infer_request(json.dumps(BODY).encode(), "fake", None, svc.inputs)
     seen: list[int] = []
     real = variant.preprocess
 

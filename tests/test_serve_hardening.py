@@ -22,13 +22,13 @@ from fake_variants import FakeVariant
 from latencylab.serve.app import ServerState, build_state, lifespan_app
 from latencylab.serve.config import ModelConfig, ServerConfig
 from latencylab.serve.limits import HttpLimits
-from latencylab.serve.protocol import (
+from latencylab.serve.protocol_request import (
     MAX_DEADLINE_MS,
     OutputFormat,
     decode_infer_request,
-    encode_infer_body,
     parse_infer_request,
 )
+from latencylab.serve.protocol_response import encode_infer_body
 from latencylab.serve.types import InferResponse, ProtocolError, Tensor, TensorSpec
 from servers import uvicorn_thread
 from test_serve_protocol import EXAMPLES as JSON_EXAMPLES

@@ -10,14 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from latencylab.serve.protocol import (
-    check_requested_outputs,
-    encode_infer_response,
-    error_body,
-    model_metadata,
-    parse_infer_request,
-    server_metadata,
-)
+from latencylab.serve.protocol_request import check_requested_outputs, parse_infer_request
+from latencylab.serve.protocol_response import encode_infer_response, error_body, model_metadata, server_metadata
 from latencylab.serve.types import InferResponse, ProtocolError, Tensor, TensorSpec
 
 # One example per datatype, with its extreme values, as (nested JSON data, numpy array).

@@ -18,9 +18,9 @@ import pytest
 
 from fake_variants import FakeVariant
 from latencylab.clock import FakeClock
-from latencylab.serve import protocol
 from latencylab.serve.app import build_state
 from latencylab.serve.config import ModelConfig, ServerConfig
+from latencylab.serve.protocol_request import parse_infer_request
 from latencylab.serve.service import ModelService, ServiceError, Timing
 from latencylab.serve.types import InferRequest
 
@@ -72,7 +72,7 @@ def test_a_handler_cancelled_while_queued_takes_its_item_out_of_the_batch() -> N
     state = build_state(cfg, {"fake": [variant]})
     svc = state.services["fake"]
     batcher = svc.batchers[0]
-    body = protocol.parse_infer_request(json.dumps(BODY).encode(), "fake", None, svc.inputs)
+    body = parse_infer_request(json.dumps(BODY).encode(), "fake", None, svc.inputs)
 
     async def go() -> tuple[list[int], bool]:
         await svc.start()
@@ -103,7 +103,7 @@ def _service(variant: FakeVariant) -> tuple[ModelService, InferRequest]:
         models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make", max_batch_size=1),)
     )
     svc = build_state(cfg, {"fake": [variant]}).services["fake"]
-    return svc, protocol.parse_infer_request(json.dumps(BODY).encode(), "fake", None, svc.inputs)
+    return svc, parse_infer_request(json.dumps(BODY).encode(), "fake", None, svc.inputs)
 
 
 def test_a_preprocess_slower_than_the_deadline_is_answered_504_at_the_deadline() -> None:
@@ -112,7 +112,7 @@ def test_a_preprocess_slower_than_the_deadline_is_answered_504_at_the_deadline()
     never computed, and its admission reservation is released."""
     variant = Gated("fp32", 0.001, hold_preprocess=True)
     svc, _ = _service(variant)
-    slow = protocol.parse_infer_request(
+    slow = parse_infer_request(
         json.dumps({**BODY, "parameters": {"deadline_ms": 60}}).encode(), "fake", None, svc.inputs
     )
 
@@ -148,7 +148,7 @@ def test_a_preprocess_slower_than_the_deadline_is_answered_504_at_the_deadline()
 def test_a_bad_input_found_in_preprocessing_is_a_4xx_and_releases_its_reservation() -> None:
     variant = FakeVariant("fp32", 0.001)
     svc, _ = _service(variant)
-    empty = protocol.parse_infer_request(
+    empty = parse_infer_request(
         json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [0, 4], "data": []}]}).encode(),
         "fake",
         None,
@@ -184,7 +184,7 @@ def test_requests_are_queued_with_start_plus_slo_as_their_target() -> None:
         )
         svc = build_state(cfg, {"fake": [variant]}).services["fake"]
         body = {**BODY, "parameters": {"deadline_ms": deadline_ms}}
-        req = protocol.parse_infer_request(json.dumps(body).encode(), "fake", None, svc.inputs)
+        req = parse_infer_request(json.dumps(body).encode(), "fake", None, svc.inputs)
         batcher = svc.batchers[0]
         seen: list[tuple[int, int | None, int]] = []
         real_submit = batcher.submit
@@ -230,7 +230,7 @@ def test_admission_counts_the_preprocess_backlog() -> None:
     # up instead of overlapping them. All 30 admissions are decided before any preprocessing has finished.
     variant.pre_delay_s = 0.0
     body = {**BODY, "parameters": {"deadline_ms": 700}}
-    req = protocol.parse_infer_request(json.dumps(body).encode(), "fake", None, svc.inputs)
+    req = parse_infer_request(json.dumps(body).encode(), "fake", None, svc.inputs)
 
     async def go() -> list[int]:
         await svc.start()
@@ -260,7 +260,7 @@ def _fake_service(variant: Any, clock: FakeClock, **model: Any) -> ModelService:
 
 def _request(svc: ModelService, x: float, deadline_ms: float) -> InferRequest:
     body = {"inputs": [{**BODY["inputs"][0], "data": [x, 2, 3, 4]}], "parameters": {"deadline_ms": deadline_ms}}
-    return protocol.parse_infer_request(json.dumps(body).encode(), "fake", None, svc.inputs)
+    return parse_infer_request(json.dumps(body).encode(), "fake", None, svc.inputs)
 
 
 def _codes(results: Sequence[Any]) -> list[int]:

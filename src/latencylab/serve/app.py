@@ -28,11 +28,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from latencylab.clock import Clock, PerfCounterClock
-from latencylab.serve import protocol
 from latencylab.serve.batcher import now_reader, retry_after_header
 from latencylab.serve.config import ServerConfig
 from latencylab.serve.limits import DISCONNECT, DisconnectHook, HttpLimits, guarded_protocol
 from latencylab.serve.metrics import ServerMetrics
+from latencylab.serve.protocol_request import (
+    BINARY_HEADER,
+    check_requested_outputs,
+    deadline_from_header,
+    decode_infer_request,
+)
+from latencylab.serve.protocol_response import encode_infer_body, error_body, model_metadata, server_metadata
 from latencylab.serve.request_start import HEADER as REQUEST_START_HEADER
 from latencylab.serve.request_start import request_age_ns
 from latencylab.serve.service import ModelService, ServiceError, Timing
@@ -52,7 +58,7 @@ def _error(
         all_headers["Retry-After"] = retry_after_header(retry_after_s)
     if status in (408, 413):  # the rest of the body was not read: close rather than drain a slow or huge upload
         all_headers["Connection"] = "close"
-    return Response(protocol.error_body(message), status_code=status, media_type=JSON, headers=all_headers or None)
+    return Response(error_body(message), status_code=status, media_type=JSON, headers=all_headers or None)
 
 
 @dataclass
@@ -133,7 +139,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
         import json
 
         extensions = ["binary_tensor_data", "latencylab-ladder"]
-        return Response(json.dumps(protocol.server_metadata(extensions)), media_type=JSON)
+        return Response(json.dumps(server_metadata(extensions)), media_type=JSON)
 
     async def model_meta(request: Request) -> Response:
         import json
@@ -144,7 +150,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
             svc, _ = service_for(request)
         except ProtocolError as exc:
             return _error(exc.status, str(exc))
-        meta = protocol.model_metadata(svc.name, svc.ladder, "latencylab", svc.inputs, svc.outputs)
+        meta = model_metadata(svc.name, svc.ladder, "latencylab", svc.inputs, svc.outputs)
         meta["parameters"] = _ladder_parameters(svc)
         return Response(json.dumps(meta), media_type=JSON)
 
@@ -174,14 +180,12 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
                 timing.age_ns = request_age_ns(stamp, epoch0)
                 state.metrics.request_age.labels(svc.name).observe(timing.age_ns / 1e9)
             body = await _read_body(request, state.cfg.max_body_bytes, state.limits.body_timeout_s)
-            req, output_format = protocol.decode_infer_request(
-                body, svc.name, version, svc.inputs, headers=request.headers
-            )
+            req, output_format = decode_infer_request(body, svc.name, version, svc.inputs, headers=request.headers)
             header_deadline = request.headers.get(DEADLINE_HEADER)
             if header_deadline is not None and "deadline_ms" not in req.parameters:
-                deadline_ms = protocol.deadline_from_header(header_deadline, DEADLINE_HEADER)
+                deadline_ms = deadline_from_header(header_deadline, DEADLINE_HEADER)
                 req = dataclasses.replace(req, parameters={**req.parameters, "deadline_ms": deadline_ms})
-            protocol.check_requested_outputs(req.outputs, svc.outputs)
+            check_requested_outputs(req.outputs, svc.outputs)
             timing.parsed = now_ns()
             pinned = svc.ladder.index(version) if version is not None and version != "cache" else None
             if hook is None:  # no disconnect notice (an ASGI server other than ours, a test client)
@@ -195,7 +199,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
                     resp, params = await work
                 finally:
                     hook.remove(work.cancel)
-            payload, json_length = protocol.encode_infer_body(resp, req.outputs, output_format)
+            payload, json_length = encode_infer_body(resp, req.outputs, output_format)
             svc.answered(timing, now_ns())
         except asyncio.CancelledError:
             if hook is None or not hook.gone:
@@ -240,7 +244,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
         if json_length is None:
             return Response(payload, media_type=JSON)
         # Binary tensor data follows the JSON: the header says where the JSON ends.
-        headers = {protocol.BINARY_HEADER: str(json_length)}
+        headers = {BINARY_HEADER: str(json_length)}
         return Response(payload, media_type="application/octet-stream", headers=headers)
 
     async def metrics(request: Request) -> Response:

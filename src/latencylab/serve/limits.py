@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from latencylab.serve import protocol
+from latencylab.serve.protocol_response import error_body
 
 __all__ = ["DISCONNECT", "DisconnectHook", "HttpLimits", "guarded_protocol"]
 
@@ -190,7 +190,7 @@ def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
             self._cancel_head_timer()
             cycle = self.cycle
             if cycle is None or cycle.response_complete or not cycle.response_started:
-                body = protocol.error_body(message)
+                body = error_body(message)
                 head = [STATUS_LINE[status]]
                 for name, value in self.server_state.default_headers:
                     head += [name, b": ", value, b"\r\n"]
