@@ -19,7 +19,8 @@ import pytest
 
 from conftest import Noise
 from latencylab.clock import FakeClock
-from latencylab.serve.batcher import Batcher, DeadlineExceeded, LatencyModel, ModelFailure, Shed
+from latencylab.serve.admission import LatencyModel, Shed
+from latencylab.serve.batcher import Batcher, DeadlineExceeded, ModelFailure
 from latencylab.serve.types import InferRequest, Tensor, TensorSpec
 
 

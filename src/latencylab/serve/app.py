@@ -28,7 +28,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from latencylab.clock import Clock, PerfCounterClock
-from latencylab.serve.batcher import now_reader, retry_after_header
+from latencylab.serve.admission import retry_after_header
+from latencylab.serve.batcher import now_reader
 from latencylab.serve.config import ServerConfig
 from latencylab.serve.limits import DISCONNECT, DisconnectHook, HttpLimits, guarded_protocol
 from latencylab.serve.metrics import ServerMetrics

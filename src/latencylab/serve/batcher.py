@@ -17,6 +17,10 @@ variant cannot block the other rungs of the ladder); on a CPU, N workers of
 one intra-op thread each use N cores with no intra-op synchronisation, which
 for small inputs beats one batch on N threads.
 
+The admission half (the latency models, the predicted finish of a request, ``admit`` and ``recheck``) is
+:class:`~latencylab.serve.admission.Admission` (serve/admission.py), this class's base; this module holds the
+queues, the release loop and the compute threads.
+
 Every time it reads (arrivals, releases, compute) comes from the injected
 :class:`~latencylab.clock.Clock` (``perf_counter_ns`` by default), so tests
 drive it with a ``FakeClock`` and get exact numbers. Waiting itself (the
@@ -30,24 +34,15 @@ import concurrent.futures
 import contextlib
 import heapq
 import itertools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from latencylab.clock import Clock, PerfCounterClock
+from latencylab.serve.admission import Admission, LatencyModel, Shed
 from latencylab.serve.types import ProtocolError, Tensor, Variant
 
 WARMUP_TOKENS = 2048  # bucketed warm-up times batches up to this many padded tokens (larger are extrapolated)
-
-
-class Shed(Exception):
-    """The request is refused before queueing (503 + Retry-After)."""
-
-    def __init__(self, reason: str, retry_after_s: float) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after_s = retry_after_s
 
 
 class ModelFailure(Exception):
@@ -56,55 +51,6 @@ class ModelFailure(Exception):
 
 class DeadlineExceeded(Exception):
     """The request's deadline passed before its batch could start (504)."""
-
-
-class LatencyModel:
-    """Predicted batch compute time (forward + postprocess) per batch size: an EWMA per size.
-
-    Sizes never seen are interpolated linearly between the nearest seen sizes
-    (and extrapolated from the largest with its per-item cost).
-    """
-
-    def __init__(self, alpha: float = 0.2, clip: float = 4.0) -> None:
-        self.alpha = alpha
-        self.clip = clip
-        self.by_size: dict[int, float] = {}
-
-    def observe(self, size: int, seconds: float) -> None:
-        """Fold one measured batch time in. A single stall is clipped to ``clip`` x the estimate first, so one
-        190-ms hiccup cannot make every later admission look infeasible (a real slowdown still raises the
-        estimate by up to ``alpha * (clip - 1)`` per batch and is learned within a few batches)."""
-        old = self.by_size.get(size)
-        if old is not None:
-            seconds = min(seconds, self.clip * old)
-        self.by_size[size] = seconds if old is None else old + self.alpha * (seconds - old)
-
-    def remeasure(self, size: int, seconds: float) -> None:
-        """A probe's measured time replaces the estimate instead of nudging it: a probe runs only where the
-        estimate refused everything (so nothing else could correct it). When it came in under the prediction,
-        every size is scaled down by the same ratio: the whole curve was an over-estimate."""
-        predicted = self.predict(size)
-        if predicted > 0 and 0 < seconds < predicted:
-            ratio = seconds / predicted
-            self.by_size = {s: t * ratio for s, t in self.by_size.items()}
-        self.by_size[size] = seconds
-
-    def predict(self, size: int) -> float:
-        if not self.by_size:
-            return 0.0
-        if size in self.by_size:
-            return self.by_size[size]
-        sizes = sorted(self.by_size)
-        lower = [s for s in sizes if s < size]
-        upper = [s for s in sizes if s > size]
-        if lower and upper:
-            a, b = lower[-1], upper[0]
-            ta, tb = self.by_size[a], self.by_size[b]
-            return ta + (tb - ta) * (size - a) / (b - a)
-        if upper:
-            return self.by_size[upper[0]]
-        top = sizes[-1]
-        return self.by_size[top] * size / top
 
 
 @dataclass(order=True, slots=True)
@@ -135,7 +81,7 @@ class BatchOutcome:
     postprocess_s: float
 
 
-class Batcher:
+class Batcher(Admission):
     def __init__(
         self,
         variant: Variant,
@@ -197,27 +143,6 @@ class Batcher:
     def bucketed(self) -> bool:
         return self._bucket_of is not None
 
-    def _model(self, bucket: int) -> LatencyModel:
-        m = self._models.get(bucket)
-        if m is None:
-            m = self._models[bucket] = LatencyModel()
-        return m
-
-    def predict(self, bucket: int, size: int) -> float:
-        """Predicted compute (s) of a batch of ``size`` items of ``bucket``.
-
-        A bucket never measured borrows the nearest measured one, scaled by the ratio of the buckets (they are
-        padded lengths: compute grows about linearly with tokens at these widths)."""
-        m = self._models.get(bucket)
-        if m is not None and m.by_size:
-            return m.predict(size)
-        known = [b for b, mb in self._models.items() if mb.by_size]
-        if not known:
-            return 0.0
-        near = min(known, key=lambda b: (abs(b - bucket), b))
-        scale = bucket / near if bucket > 0 and near > 0 else 1.0
-        return self._models[near].predict(size) * scale
-
     def warmup(self, sizes: list[int]) -> None:
         """Run each batch size (blocking) and seed the latency model with its compute time.
 
@@ -248,126 +173,6 @@ class Batcher:
                     items = items_fn(size, bucket)
                     runs = sorted(sum(self._compute(items)[1:3]) for _ in range(3))
                     self._model(bucket).observe(size, runs[1])
-
-    def predicted_finish_ns(self, now: int) -> int:
-        """When a request admitted now would be answered, if batches run back to back."""
-        if self._bucket_of is not None:
-            return self._predicted_finish_bucketed(now)
-        n_ahead = len(self._queues[0]) + self._reserved
-        remaining = []
-        for start, predicted in self._running.values():
-            elapsed = (now - start) / 1e9
-            # a batch running past its prediction is assumed to need as long again (a stall signal)
-            remaining.append(predicted - elapsed if elapsed < predicted else elapsed)
-        full_batches = n_ahead // self.max_batch
-        own = n_ahead % self.max_batch + 1
-        if self.workers == 1:
-            wait = sum(remaining)
-        else:  # work ahead shared by the workers; a worker is free when the soonest running batch ends
-            idle = self.workers - len(remaining)
-            first_free = 0.0 if idle > 0 else min(remaining)
-            wait = max(first_free, (sum(remaining) + full_batches * self.model.predict(self.max_batch)) / self.workers)
-            full_batches = 0
-        seconds = wait + full_batches * self.model.predict(self.max_batch) + self.model.predict(own)
-        return now + int(seconds * 1e9)
-
-    def _remaining(self, now: int) -> list[float]:
-        out = []
-        for start, predicted in self._running.values():
-            elapsed = (now - start) / 1e9
-            out.append(predicted - elapsed if elapsed < predicted else elapsed)
-        return out
-
-    def _predicted_finish_bucketed(self, now: int) -> int:
-        """Admission happens before preprocessing, so the request's bucket is not known yet: it is predicted to
-        wait for all the work queued (every bucket, in full batches) and to cost a batch of one of the
-        cheapest bucket; reservations count as such batches too."""
-        remaining = self._remaining(now)
-        queued = 0.0
-        for b, q in self._queues.items():
-            full, rest = divmod(len(q), self.max_batch)
-            queued += full * self.predict(b, self.max_batch) + (self.predict(b, rest) if rest else 0.0)
-        own = self.predict(self._cheapest_bucket(), 1)
-        queued += self._reserved * own
-        idle = self.workers - len(remaining)
-        first_free = 0.0 if idle > 0 else min(remaining)
-        wait = max(first_free, (sum(remaining) + queued) / self.workers)
-        return now + int((wait + own) * 1e9)
-
-    def predicted_finish_in_bucket(self, bucket: int, deadline_ns: int, now: int) -> int:
-        """When a request of ``bucket`` (known once preprocessed) with ``deadline_ns``, queued now, would be
-        answered if batches run back to back in the batcher's order: after the running batches, every queued
-        batch of a bucket no more costly than its own (shortest first, see ``_pick``), the requests of its own
-        bucket due no later than it (EDF), and the other admitted requests still preprocessing (as batches of
-        one of the cheapest bucket, as at admission); then its own batch. Costlier buckets go after it."""
-        remaining = self._remaining(now)
-        own_cost = self.predict(bucket, 1)
-        queued = 0.0
-        ahead = 0
-        for b, q in self._queues.items():
-            if b == bucket:
-                ahead = sum(1 for j in q if j.deadline_ns <= deadline_ns)
-            elif q and self.predict(b, 1) <= own_cost:
-                full, rest = divmod(len(q), self.max_batch)
-                queued += full * self.predict(b, self.max_batch) + (self.predict(b, rest) if rest else 0.0)
-        full, rest = divmod(ahead, self.max_batch)
-        queued += full * self.predict(bucket, self.max_batch)
-        others = max(0, self._reserved - 1)  # the caller's own reservation is still held
-        queued += others * self.predict(self._cheapest_bucket(), 1)
-        idle = self.workers - len(remaining)
-        first_free = 0.0 if idle > 0 else min(remaining)
-        wait = max(first_free, (sum(remaining) + queued) / self.workers)
-        return now + int((wait + self.predict(bucket, rest + 1)) * 1e9)
-
-    def recheck(self, item: Any, deadline_ns: int, now: int, extra_ns: int = 0, admit_by_ns: int | None = None) -> None:
-        """Admission again, now that the item's cost bucket is known (a bucketed variant; else nothing).
-
-        Raises Shed("deadline") if, in its bucket's order (EDF by ``deadline_ns``), it is predicted to finish
-        (+ margin + ``extra_ns``) after ``admit_by_ns`` (default: the deadline). Admission before preprocessing
-        can only assume the cheapest bucket, so without this a burst of long texts is admitted and then fails at
-        release with 504. A bucket that has not run for ``probe_after_ns`` is let through (its estimate may be
-        stale: the release probes it)."""
-        if self._bucket_of is None:
-            return
-        bucket = int(self._bucket_of(item))
-        finish = self.predicted_finish_in_bucket(bucket, deadline_ns, now) + self.margin_ns + extra_ns
-        limit = deadline_ns if admit_by_ns is None else admit_by_ns
-        if finish > limit and not self.bucket_stale(bucket, now):
-            raise Shed("deadline", max(0.1, (finish - now) / 1e9))
-
-    def bucket_stale(self, bucket: int, now: int) -> bool:
-        """No batch of ``bucket`` released for ``probe_after_ns`` since the batcher started: its estimate is one
-        nothing has refuted lately, so the next batch runs even if predicted late (before ``start``: never)."""
-        since = self._ran_ns.get(bucket, self._started_ns)
-        return since is not None and now - since > self.probe_after_ns
-
-    def admit(self, deadline_ns: int, now: int, lead_ns: int = 0) -> None:
-        """Reserve a place, or raise Shed if the request cannot be queued or cannot make its deadline.
-
-        ``lead_ns``: time the request still needs before it can be submitted (its expected preprocess,
-        including the wait for a preprocess worker). Every successful admit must be followed by exactly
-        one ``submit`` or ``unreserve``."""
-        depth = self._queued + self._reserved
-        if depth >= self.max_queue:
-            raise Shed("queue_full", max(0.1, self.model.predict(self.max_batch) * depth / self.max_batch))
-        # the same margin the release plans with (timer granularity, hand-over, answer): an admission that
-        # only fits without it would be released late and fail with a 504 instead of a clean 503 now
-        finish = self.predicted_finish_ns(now) + lead_ns + self.margin_ns
-        if finish > deadline_ns and not self.starved(now):
-            raise Shed("deadline", max(0.1, (finish - now) / 1e9))
-        self._last_admit_ns = now
-        self._reserved += 1
-
-    def starved(self, now: int) -> bool:
-        """Nothing admitted for ``probe_after_ns`` (since ``start`` if nothing ever was): the next request goes
-        in whatever the prediction says."""
-        since = self._last_admit_ns if self._last_admit_ns is not None else self._started_ns
-        return since is not None and now - since > self.probe_after_ns
-
-    def idle(self) -> bool:
-        """Nothing queued, nothing else admitted and preprocessing, and a worker free (the caller's own admission
-        is the one reservation allowed)."""
-        return self._queued == 0 and self._reserved <= 1 and len(self._running) < self.workers
 
     async def run_direct(self, prepare: Callable[[], Any]) -> tuple[BatchOutcome, float]:
         """Preprocess (``prepare()``) and compute one request on a compute thread in one hand-over: the path of an
@@ -420,9 +225,6 @@ class Batcher:
         )
         return outcome, pre_s
 
-    def _cheapest_bucket(self) -> int:
-        return min((b for b, m in self._models.items() if m.by_size), default=0)
-
     def withdraw(self, fut: asyncio.Future[BatchOutcome]) -> bool:
         """Take the queued job answered by ``fut`` out of its queue (its client left, or its deadline passed
         while queued): it no longer counts ahead of anyone, holds no place, and moves no release. True if it
@@ -439,10 +241,6 @@ class Batcher:
                     self._wake.set()
                     return True
         return False
-
-    def unreserve(self) -> None:
-        """Give back an admission that will not be submitted (its preprocess failed)."""
-        self._reserved = max(0, self._reserved - 1)
 
     def submit(
         self,
@@ -645,8 +443,3 @@ def now_reader(clock: Clock) -> Callable[[], int]:
     """A function returning ``clock``'s time now, in ns (a host clock's marks resolve to themselves)."""
     mark, resolve = clock.mark, clock.resolve
     return lambda: int(resolve((mark(),))[0])
-
-
-def retry_after_header(seconds: float) -> str:
-    """Retry-After takes whole seconds (at least 1)."""
-    return str(max(1, math.ceil(seconds)))

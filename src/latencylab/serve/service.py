@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from latencylab.clock import Clock, PerfCounterClock
-from latencylab.serve.batcher import Batcher, BatchOutcome, DeadlineExceeded, ModelFailure, Shed, now_reader
+from latencylab.serve.admission import Shed
+from latencylab.serve.batcher import Batcher, BatchOutcome, DeadlineExceeded, ModelFailure, now_reader
 from latencylab.serve.cache import ResultCache
 from latencylab.serve.config import ModelConfig
 from latencylab.serve.guard import Alarm, GuardConfig, SloGuard, Transition
