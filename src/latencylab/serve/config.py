@@ -43,12 +43,12 @@ Example (``serve.toml``)::
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from latencylab.errors import LatencyLabError
+from latencylab.files import read_toml
 
 KNOWN_MODELS = ("text", "vision")
 
@@ -191,14 +191,8 @@ def parse_config(data: dict[str, Any], where: str = "config") -> ServerConfig:
 
 
 def load_config(path: str | Path) -> ServerConfig:
-    p = Path(path)
-    if not p.is_file():
-        raise LatencyLabError(f"{p}: no such config file")
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise LatencyLabError(f"{p}: not valid TOML ({exc})") from exc
-    return parse_config(data, str(p))
+    """The server config in the TOML file ``path`` (one-line :class:`LatencyLabError` if it is missing or malformed)."""
+    return parse_config(read_toml(path, "config file"), str(Path(path)))
 
 
 def default_ladder(model: str, device: str = "cpu") -> tuple[str, ...]:
