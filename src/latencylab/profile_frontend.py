@@ -26,7 +26,7 @@ __all__ = ["ProfileOptions", "add_arguments", "run_profile", "run_profile_comman
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--workload", default=None, help="built-in workload: text, vision, synthetic (default text)")
+    src.add_argument("--workload", default=None, help="built-in workload: text, vision, synthetic, gen (default text)")
     src.add_argument("--model", help="an ONNX model file to run with ONNX Runtime")
     src.add_argument("--pipeline", help="package.module:factory returning a latencylab Pipeline")
     p.add_argument("--inputs", help="an .npz of inputs for --model (default: generated from declared shapes)")
@@ -163,6 +163,13 @@ def run_profile(opts: ProfileOptions, out: Console) -> int:
             result = profile(pipe, cfg, env=env, progress=on_progress)
     analysis = analyze(result)
     render_profile(result, analysis, out)
+    gen = None
+    if (opts.workload or "") == "gen":
+        from latencylab.gen.profile import profile_figures, render_gen
+
+        gen = profile_figures(result, opts.params)  # TTFT/TPOT/ITL, where the time goes, the roofline
+        if gen is not None:
+            render_gen(gen, out)
     for w in lint(dict(result.env)):  # busy: judged by what the run measured (env.run)
         out.print(f"[yellow]env:[/yellow] {w.message} ({w.hint})")
     budget_broken = False
@@ -173,6 +180,9 @@ def run_profile(opts: ProfileOptions, out: Console) -> int:
         render_budget_verdict(verdict, out)
         budget_broken = not verdict.ok
     if opts.json:
-        path = save_profile(result, opts.json, analysis)
+        if gen is not None:
+            path = result.save(opts.json, summary={**analysis.summary_dict(), "tokens": gen.to_dict()})
+        else:
+            path = save_profile(result, opts.json, analysis)
         out.print(f"wrote {path}")
     return 1 if budget_broken else 0

@@ -49,6 +49,7 @@ BUILTIN: dict[str, str] = {
     "synthetic": "latencylab.workloads.synthetic",
     "compiled": "latencylab.workloads.compiled",
     "onnx": "latencylab.workloads.onnx_model",
+    "gen": "latencylab.workloads.gen",
 }
 
 
