@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 
 from latencylab.errors import LatencyLabError
+from latencylab.load.arrival_trace import TraceReplay, record_trace
 from latencylab.load.arrivals import (
     Arrival,
     ArrivalProcess,
@@ -16,9 +17,7 @@ from latencylab.load.arrivals import (
     Poisson,
     Schedule,
     Step,
-    TraceReplay,
     parse_arrivals,
-    record_trace,
 )
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from latencylab import stats
-from latencylab.load.arrivals import TraceReplay
+from latencylab.load.arrival_trace import TraceReplay
 from latencylab.load.capacity import grid_capacity
 from latencylab.load.early_stop import EarlyStop, Progress, block_t_violated
 from latencylab.load.generator import LoadConfig
