@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from latencylab.compare.core import compare_docs, compare_files
@@ -245,25 +246,66 @@ def _spread(s: float | None) -> str:
     return "-" if s is None else f"±{s * 100:.1f}%"
 
 
-def run_compare_command(args: argparse.Namespace, console: Console) -> int:
-    """CLI entry point: 0 when no gate fired, 1 when one did (usage errors raise LatencyLabError: exit 2).
+@dataclass(frozen=True, slots=True)
+class CompareOptions:
+    """``latencylab compare``'s options as typed values (see ``latencylab compare --help``); built from the
+    parsed command line by :meth:`from_args`, the one place that reads the namespace."""
 
-    Two files, or ``--run A B``: measure the two specs interleaved first (``compare.interleave``).
+    baseline: str | None = None  # BASELINE.json
+    candidate: str | None = None  # CANDIDATE.json
+    run: tuple[str, str] | None = None  # --run A B: two specs measured interleaved instead of two files
+    rounds: int = 20
+    iterations: int = 100
+    warmup: int = 10
+    seed: int = 0
+    keep: str | None = None  # --run: also write DIR/A.json and DIR/B.json
+    strict: bool = False  # an undecided gate fails when its evidence says so
+    fail_if: tuple[str, ...] = ()  # gates, e.g. "p99>+5%"
+    alpha: float = 0.05
+    json: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CompareOptions:
+        run = getattr(args, "run", None)
+        return cls(
+            baseline=args.baseline,
+            candidate=args.candidate,
+            run=(run[0], run[1]) if run else None,
+            rounds=args.rounds,
+            iterations=args.iterations,
+            warmup=args.warmup,
+            seed=args.seed,
+            keep=args.keep,
+            strict=bool(getattr(args, "strict", False)),
+            fail_if=tuple(args.fail_if or ()),
+            alpha=args.alpha,
+            json=args.json,
+        )
+
+
+def run_compare_command(args: argparse.Namespace, console: Console) -> int:
+    """CLI entry point: 0 when no gate fired, 1 when one did (usage errors raise LatencyLabError: exit 2)."""
+    return run_compare(CompareOptions.from_args(args), console)
+
+
+def run_compare(opts: CompareOptions, console: Console) -> int:
+    """Compare as the options say and print the comparison; the exit code (1: a gate fired).
+
+    Two files, or ``run`` (A, B): measure the two specs interleaved first (``compare.interleave``).
     """
-    gates = list(args.fail_if or ())
-    strict = bool(getattr(args, "strict", False))
-    run = getattr(args, "run", None)
-    if run:
-        if args.baseline or args.candidate:
+    gates = list(opts.fail_if)
+    strict = opts.strict
+    if opts.run:
+        if opts.baseline or opts.candidate:
             raise LatencyLabError("give either two result files or --run A B, not both")
-        comparison = _run_and_compare(args, run, gates, strict, console)
+        comparison = _run_and_compare(opts, list(opts.run), gates, strict, console)
     else:
-        if not args.baseline or not args.candidate:
+        if not opts.baseline or not opts.candidate:
             raise LatencyLabError("give two result files (BASELINE.json CANDIDATE.json) or --run A B")
-        comparison = compare_files(args.baseline, args.candidate, gates=gates, alpha=args.alpha, strict=strict)
+        comparison = compare_files(opts.baseline, opts.candidate, gates=gates, alpha=opts.alpha, strict=strict)
     render(comparison, console)
-    if args.json:
-        console.print(f"wrote {comparison.save(args.json)}")
+    if opts.json:
+        console.print(f"wrote {comparison.save(opts.json)}")
     if comparison.failed:
         fired = ", ".join(g.gate.text for g in comparison.failed)
         console.print(f"compare: {len(comparison.failed)} gate(s) fired: {fired}", style="bold red")
@@ -274,7 +316,7 @@ def run_compare_command(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_and_compare(
-    args: argparse.Namespace, specs: list[str], gates: list[str], strict: bool, console: Console
+    opts: CompareOptions, specs: list[str], gates: list[str], strict: bool, console: Console
 ) -> Comparison:
     from pathlib import Path
 
@@ -282,17 +324,17 @@ def _run_and_compare(
     from latencylab.compare.interleave import run_interleaved
 
     parsed = [Gate.parse(g) for g in gates]  # a bad gate fails before minutes of measuring
-    rounds, iterations = args.rounds, args.iterations
+    rounds, iterations = opts.rounds, opts.iterations
     console.print(
         f"measuring A and B interleaved: {rounds} rounds x (A, B in random order) x "
-        f"({args.warmup} warm-up + {iterations} timed iterations)"
+        f"({opts.warmup} warm-up + {iterations} timed iterations)"
     )
     console.print(f"  A: {specs[0]}\n  B: {specs[1]}", markup=False)
-    a, b = run_interleaved(specs, rounds=rounds, iterations=iterations, warmup=args.warmup, seed=args.seed)
-    if args.keep:
-        out = Path(args.keep)
+    a, b = run_interleaved(specs, rounds=rounds, iterations=iterations, warmup=opts.warmup, seed=opts.seed)
+    if opts.keep:
+        out = Path(opts.keep)
         console.print(f"wrote {save_profile(a, out / 'A.json')} and {save_profile(b, out / 'B.json')}")
     return compare_docs(
-        a.to_dict(), b.to_dict(), parsed, args.alpha, names=("A", "B"),
+        a.to_dict(), b.to_dict(), parsed, opts.alpha, names=("A", "B"),
         strict=strict,
     )  # fmt: skip

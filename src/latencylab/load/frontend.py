@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +27,62 @@ from latencylab.load.payloads import (
 from latencylab.load.results import LoadResult, Slo, latency_basis, write_requests_jsonl
 
 
-def _payloads(args: argparse.Namespace, meta: dict[str, Any]) -> list[Payload]:
-    name = args.input_name or str(meta["inputs"][0]["name"])
-    if args.payload == "auto":
-        return builtin_payloads(meta) or payloads_for_model(meta, n=64, seed=args.seed)
-    if args.payload == "text":
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """``latencylab load``'s options (OIP infer endpoints), as typed values: see ``latencylab load --help``.
+
+    Built from the parsed command line by :meth:`from_args`, the one place that reads the namespace."""
+
+    url: str
+    model: str
+    model_version: str | None = None
+    rate: float | None = None  # Poisson arrivals at this mean rate (default 10/s)
+    arrivals: str | None = None  # an arrival spec (load.arrivals.parse_arrivals)
+    concurrency: int | None = None  # closed loop with N users
+    duration: float | None = None  # seconds of sending (default 10, or none with max_requests)
+    max_requests: int | None = None
+    min_requests: int = 0
+    early_stop: bool = False
+    timeout: float = 30.0
+    connections: int = 8
+    payload: str = "auto"  # auto, text, vision, or a .jsonl file of infer requests
+    input_name: str | None = None
+    slo: str | None = None  # e.g. "p99=100ms"
+    confidence: float = 0.99
+    find_capacity: bool = False
+    start_rate: float = 10.0
+    max_rate: float = 100_000.0
+    step_duration: float = 8.0
+    max_chunks: int = 8
+    warmup: float = 2.0
+    repeat: int = 1
+    precision: float = 0.05
+    token: str | None = None
+    request_start_header: bool = False
+    spin: str = "auto"
+    seed: int = 0
+    json: str | None = None
+    requests_jsonl: str | None = None
+    plot: str | None = None
+    quiet: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LoadOptions:
+        """The options from ``latencylab load``'s namespace (``args.slo``: one objective, or None)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def _payloads(opts: LoadOptions, meta: dict[str, Any]) -> list[Payload]:
+    name = opts.input_name or str(meta["inputs"][0]["name"])
+    if opts.payload == "auto":
+        return builtin_payloads(meta) or payloads_for_model(meta, n=64, seed=opts.seed)
+    if opts.payload == "text":
         return text_payloads(name)
-    if args.payload == "vision":
+    if opts.payload == "vision":
         return vision_payloads(name)
-    path = Path(args.payload)
+    path = Path(opts.payload)
     if not path.is_file():
-        raise LatencyLabError(f"--payload {args.payload}: not auto, text, or an existing .jsonl file")
+        raise LatencyLabError(f"--payload {opts.payload}: not auto, text, or an existing .jsonl file")
     out = []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -175,7 +221,7 @@ def _verdict_decided(slo: Slo, confidence: float, min_requests: int) -> Any:
 
 
 def _find_capacity(
-    args: argparse.Namespace, console: Console, slo: Slo, payloads: list[Payload], path: str,
+    opts: LoadOptions, console: Console, slo: Slo, payloads: list[Payload], path: str,
     headers: dict[str, str], env: dict[str, Any], info: dict[str, Any],
 ) -> int:  # fmt: skip
     """``--find-capacity``: ``repeat_capacity`` (load/capacity.py) over Poisson runs, printed step by step."""
@@ -184,9 +230,9 @@ def _find_capacity(
 
     try:
         search = SearchConfig(
-            start_rate=args.start_rate, max_rate=args.max_rate, precision=args.precision,
-            chunk_s=args.step_duration, max_chunks=max(args.max_chunks, 3), warmup_s=args.warmup,
-            confidence=args.confidence,
+            start_rate=opts.start_rate, max_rate=opts.max_rate, precision=opts.precision,
+            chunk_s=opts.step_duration, max_chunks=max(opts.max_chunks, 3), warmup_s=opts.warmup,
+            confidence=opts.confidence,
         )  # fmt: skip
     except ValueError as exc:
         raise LatencyLabError(f"--find-capacity: {exc}") from exc
@@ -194,14 +240,14 @@ def _find_capacity(
     def measure(rate: float, seconds: float, seed: int, abort_when: Any) -> Segment:
         cfg = LoadConfig(
             duration_s=seconds,
-            timeout_s=args.timeout,
-            connections=args.connections,
+            timeout_s=opts.timeout,
+            connections=opts.connections,
             headers=headers,
-            request_start_header=args.request_start_header,
-            spin=args.spin,
+            request_start_header=opts.request_start_header,
+            spin=opts.spin,
         )
         res, rec = load_test(
-            args.url, path, payloads, Poisson(rate, seed), cfg, slo, args.confidence, seed,
+            opts.url, path, payloads, Poisson(rate, seed), cfg, slo, opts.confidence, seed,
             abort_when=abort_when, env=env, target_info=info,
         )  # fmt: skip
         return Segment.from_run(rate, res, rec)
@@ -211,26 +257,26 @@ def _find_capacity(
         console.print(
             escape(
                 f"  offered {step['offered_rate']:.1f}/s  achieved {step.get('achieved_rate') or 0:.1f}/s  "
-                f"{step['chunks']} x {args.step_duration:g} s  {mark}: {step['why']}"
+                f"{step['chunks']} x {opts.step_duration:g} s  {mark}: {step['why']}"
             )
         )
 
     def on_search(r: int, cap: Any) -> None:
         rate = "none" if cap.capacity_rate is None else f"{cap.capacity_rate:.1f}/s"
-        console.print(escape(f"search {r + 1} of {args.repeat}: capacity {rate} ({cap.reason})"))
+        console.print(escape(f"search {r + 1} of {opts.repeat}: capacity {rate} ({cap.reason})"))
 
-    console.print(escape(f"capacity search for {slo.describe()} on {args.url}{path}"))
-    spread = repeat_capacity(measure, slo, search, args.repeat, args.seed, on_step, on_search)
+    console.print(escape(f"capacity search for {slo.describe()} on {opts.url}{path}"))
+    spread = repeat_capacity(measure, slo, search, opts.repeat, opts.seed, on_step, on_search)
     good = "-" if spread.goodput is None else f"{spread.goodput:.1f}/s"
     console.print(escape(f"capacity: {spread.describe()} offered, goodput {good}"))
     first = spread.searches[0]
-    if args.plot:
+    if opts.plot:
         from latencylab.load.plots import plot_capacity
 
-        out = Path(args.plot) / "capacity.png"
+        out = Path(opts.plot) / "capacity.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         console.print(escape(f"wrote {plot_capacity(first.steps, out, slo.threshold_ns / 1e6)}"))
-    if args.json:
+    if opts.json:
         doc = {
             "schema_version": 1,
             "kind": "capacity",
@@ -249,70 +295,76 @@ def _find_capacity(
             "search": {k: getattr(search, k) for k in search.__slots__},
             "env": env,
         }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=1))
-        console.print(escape(f"wrote {args.json}"))
+        Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(opts.json).write_text(json.dumps(doc, indent=1))
+        console.print(escape(f"wrote {opts.json}"))
     return 0
 
 
 def run_load_command(args: argparse.Namespace, console: Console) -> int:
+    """``latencylab load`` against an OIP infer endpoint: the namespace becomes :class:`LoadOptions` here."""
+    return run_load(LoadOptions.from_args(args), console)
+
+
+def run_load(opts: LoadOptions, console: Console) -> int:
+    """A load test (or a capacity search, ``find_capacity``) as the options say; the outcome printed."""
     from latencylab.env import fingerprint
     from latencylab.load.runner import load_test
 
-    slo = Slo.parse(args.slo) if args.slo else None
-    if args.find_capacity and slo is None:
+    slo = Slo.parse(opts.slo) if opts.slo else None
+    if opts.find_capacity and slo is None:
         raise LatencyLabError("--find-capacity needs --slo, e.g. --slo p99=100ms")
-    if args.find_capacity and (args.concurrency or args.arrivals):
+    if opts.find_capacity and (opts.concurrency or opts.arrivals):
         raise LatencyLabError("--find-capacity searches Poisson rates itself: drop --concurrency/--arrivals")
-    meta = fetch_metadata(args.url, args.model, args.model_version)
-    payloads = _payloads(args, meta)
-    path = infer_path(args.model, args.model_version)
-    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    meta = fetch_metadata(opts.url, opts.model, opts.model_version)
+    payloads = _payloads(opts, meta)
+    path = infer_path(opts.model, opts.model_version)
+    headers = {"Authorization": f"Bearer {opts.token}"} if opts.token else {}
     env = fingerprint(sample_s=0.0)
-    info = {"model": args.model, "platform": meta.get("platform")}
-    duration = args.duration if args.duration is not None else (None if args.max_requests else 10.0)
+    info = {"model": opts.model, "platform": meta.get("platform")}
+    duration = opts.duration if opts.duration is not None else (None if opts.max_requests else 10.0)
 
-    if args.find_capacity:
+    if opts.find_capacity:
         assert slo is not None
-        return _find_capacity(args, console, slo, payloads, path, headers, env, info)
+        return _find_capacity(opts, console, slo, payloads, path, headers, env, info)
 
     arrivals: ArrivalProcess | None
     common: dict[str, Any] = {
         "duration_s": duration,
-        "max_requests": args.max_requests,
-        "min_requests": args.min_requests,
-        "timeout_s": args.timeout,
+        "max_requests": opts.max_requests,
+        "min_requests": opts.min_requests,
+        "timeout_s": opts.timeout,
         "headers": headers,
-        "request_start_header": args.request_start_header,
-        "spin": args.spin,
+        "request_start_header": opts.request_start_header,
+        "spin": opts.spin,
     }
-    if args.concurrency:
-        cfg = LoadConfig(mode="closed", concurrency=args.concurrency, connections=args.concurrency, **common)
+    if opts.concurrency:
+        cfg = LoadConfig(mode="closed", concurrency=opts.concurrency, connections=opts.concurrency, **common)
         arrivals = None
     else:
-        arrivals = parse_arrivals(args.arrivals, args.seed) if args.arrivals else Poisson(args.rate or 10.0, args.seed)
-        cfg = LoadConfig(connections=args.connections, **common)
+        arrivals = parse_arrivals(opts.arrivals, opts.seed) if opts.arrivals else Poisson(opts.rate or 10.0, opts.seed)
+        cfg = LoadConfig(connections=opts.connections, **common)
     abort_when = None
-    if args.early_stop:
+    if opts.early_stop:
         if slo is None:
             raise LatencyLabError("--early-stop needs --slo")
-        abort_when = _verdict_decided(slo, args.confidence, args.min_requests)
-    live, update = _progress(Console(stderr=True), args.quiet)
+        abort_when = _verdict_decided(slo, opts.confidence, opts.min_requests)
+    live, update = _progress(Console(stderr=True), opts.quiet)
     with live if live is not None else contextlib.nullcontext():
         result, rec = load_test(
-            args.url, path, payloads, arrivals, cfg, slo, args.confidence, args.seed, update,
+            opts.url, path, payloads, arrivals, cfg, slo, opts.confidence, opts.seed, update,
             abort_when=abort_when, env=env, target_info=info,
         )  # fmt: skip
     render_load(result, console)
-    if args.json:
-        result.save(args.json)
-        console.print(escape(f"wrote {args.json}"))
-    if args.requests_jsonl:
-        write_requests_jsonl(args.requests_jsonl, rec)
-        console.print(escape(f"wrote {args.requests_jsonl}"))
-    if args.plot:
+    if opts.json:
+        result.save(opts.json)
+        console.print(escape(f"wrote {opts.json}"))
+    if opts.requests_jsonl:
+        write_requests_jsonl(opts.requests_jsonl, rec)
+        console.print(escape(f"wrote {opts.requests_jsonl}"))
+    if opts.plot:
         from latencylab.load.plots import plot_load
 
-        for p in plot_load(result, args.plot):
+        for p in plot_load(result, opts.plot):
             console.print(escape(f"wrote {p}"))
     return 0
