@@ -259,7 +259,7 @@ def render_gen(g: GenProfile, console: Console) -> None:
             f"tokens: {g.requests} requests, {g.prompt_tokens} prompt and {g.output_tokens} output tokens, "
             f"KV cache {'on' if g.kv_cache else 'off'}"
         ),
-        caption="ms; [low, high] = CI as above; TTFT = tokenize + prefill; TPOT = (E2E - TTFT) / (tokens - 1)",
+        caption="ms; \\[low, high] = CI as above; TTFT = tokenize + prefill; TPOT = (E2E - TTFT) / (tokens - 1)",
         title_justify="left",
     )
     table.add_column("metric")
