@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any
 
-from latencylab.results import utc_now
+from latencylab.results.base import utc_now
 from latencylab.roofline.api import UNIT, measure
 from latencylab.roofline.peaks import load_or_measure
 from latencylab.roofline.theory import DTYPES, read_cpu

@@ -24,7 +24,8 @@ from latencylab.load.gen_client import gen_api
 from latencylab.load.gen_runner import gen_load_test
 from latencylab.load.generator import LoadConfig
 from latencylab.load.prompts import Prompt, builtin_prompts, with_max_tokens
-from peers import HOST, free_ports, http_status
+from peers import http_status
+from ports import HOST, free_ports
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ from latencylab.clock import FakeClock
 from latencylab.env import fingerprint
 from latencylab.errors import LatencyLabError
 from latencylab.profiler import ProfileConfig, profile
-from latencylab.results import SCHEMA_VERSION, ProfileResult, load_result
+from latencylab.results import ProfileResult, load_result
+from latencylab.results.registry import SCHEMA_VERSION
 from latencylab.workloads.synthetic import synthetic_pipeline
 
 

@@ -56,7 +56,7 @@ def diagnose_results(results: Sequence[LoadedResult]) -> list[Finding]:
 
 def findings_doc(findings: Sequence[Finding], sources: Sequence[str] = ()) -> dict[str, Any]:
     """The ``--json`` document: {"kind": "diagnose", "schema_version": 1, "findings": [...]}."""
-    from latencylab.results import utc_now
+    from latencylab.results.base import utc_now
 
     return {
         "kind": "diagnose",

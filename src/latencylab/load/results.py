@@ -14,7 +14,8 @@ from latencylab import stats
 from latencylab.errors import LatencyLabError
 from latencylab.histogram import LatencyHistogram
 from latencylab.load.generator import LATE_FRACTION, LATE_NS, OUTCOMES, LoadConfig, Records, RunStats
-from latencylab.results import kind_version, utc_now, write_json
+from latencylab.results import kind_version, write_json
+from latencylab.results.base import utc_now
 
 SCHEMA_VERSION = kind_version("load")  # this class is the registry's "load" kind (latencylab.results.registry)
 

@@ -38,7 +38,8 @@ from latencylab.optimize.search import (
 )
 from latencylab.optimize.shapes import AS_GIVEN
 from latencylab.optimize.types import BuildContext, Candidate
-from latencylab.results import kind_version, utc_now
+from latencylab.results import kind_version
+from latencylab.results.base import utc_now
 
 FAMILIES = {"torch": "latencylab.optimize.families.torch", "onnxruntime": "latencylab.optimize.families.onnxruntime"}
 

@@ -23,7 +23,8 @@ from latencylab.errors import LatencyLabError, MissingDependencyError
 from latencylab.findings import SEVERITIES, Finding
 from latencylab.load.results import LoadResult
 from latencylab.report import figures
-from latencylab.results import LoadedResult, ProfileResult, utc_now
+from latencylab.results import LoadedResult, ProfileResult
+from latencylab.results.base import utc_now
 
 __all__ = ["ReportInput", "render_report"]
 

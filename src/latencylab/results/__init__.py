@@ -10,14 +10,13 @@
 
 from __future__ import annotations
 
-from latencylab.results.base import header, utc_now, write_json
+from latencylab.results.base import header, write_json
 from latencylab.results.profile import ProfileResult, StageSeries, load_result
 from latencylab.results.reader import LoadedResult, loaded, read_document, read_result
-from latencylab.results.registry import KINDS, SCHEMA_VERSION, Result, kind_version, parse, register
+from latencylab.results.registry import KINDS, Result, kind_version, parse, register
 
 __all__ = [
     "KINDS",
-    "SCHEMA_VERSION",
     "LoadedResult",
     "ProfileResult",
     "Result",
@@ -30,6 +29,5 @@ __all__ = [
     "read_document",
     "read_result",
     "register",
-    "utc_now",
     "write_json",
 ]

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from latencylab.results.registry import SCHEMA_VERSION, kind_version
+from latencylab.results.registry import kind_version
 
-__all__ = ["SCHEMA_VERSION", "header", "kind_version", "utc_now", "write_json"]
+__all__ = ["header", "utc_now", "write_json"]
 
 
 def utc_now() -> str:

@@ -18,7 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from latencylab.errors import LatencyLabError
-from latencylab.results.base import kind_version, utc_now, write_json
+from latencylab.results.base import utc_now, write_json
+from latencylab.results.registry import kind_version
 
 SCHEMA_VERSION = kind_version("profile")
 

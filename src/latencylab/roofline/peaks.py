@@ -197,7 +197,7 @@ def measure_peaks(
     threads: Sequence[int] | None = None, quick: bool = False, identity: dict[str, Any] | None = None
 ) -> Peaks:
     """Measure every roof at each thread count (default: 1 and all usable cores)."""
-    from latencylab.results import utc_now
+    from latencylab.results.base import utc_now
     from latencylab.roofline.cpuclock import measure_clock_ghz
 
     torch = _torch()

@@ -17,8 +17,9 @@ import numpy as np
 from latencylab import stats
 from latencylab.clock import Clock, PerfCounterClock
 from latencylab.errors import LatencyLabError
-from latencylab.results import SCHEMA_VERSION, utc_now
+from latencylab.results.base import utc_now
 from latencylab.results.experiment import experiment_doc
+from latencylab.results.registry import SCHEMA_VERSION
 from latencylab.threads import TorchThreads
 from latencylab.timing import env_or_fingerprint, ms, rotated
 

@@ -15,8 +15,9 @@ import numpy as np
 from latencylab.clock import Clock
 from latencylab.errors import LatencyLabError, require
 from latencylab.optimize.buckets import bucket_for, choose_buckets
-from latencylab.results import SCHEMA_VERSION, utc_now
+from latencylab.results.base import utc_now
 from latencylab.results.experiment import experiment_doc
+from latencylab.results.registry import SCHEMA_VERSION
 from latencylab.threads import TorchThreads
 from latencylab.timing import Arm, VariantTiming, env_or_fingerprint, interleave
 
