@@ -131,7 +131,7 @@ def block_length(series: npt.ArrayLike) -> int:
     most n/10. Blocks of length tau would still understate the variance
     (the correlation across block edges is lost); 2 tau recovers most of it.
     Strongly correlated runs still get somewhat too narrow CIs (measured in
-    docs/bench-sections/compare.md): the cure is more iterations.
+    docs/BENCHMARKS.md, compare): the cure is more iterations.
     """
     x = np.asarray(series, dtype=np.float64).ravel()
     n = x.size

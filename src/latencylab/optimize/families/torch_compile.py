@@ -32,7 +32,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 
 
 def _compile_prerequisite(ctx: BuildContext) -> str | None:
-    """Why torch.compile cannot work here, found without compiling (that takes 15-25 s)."""
+    """Why torch.compile cannot work here, found without compiling (that takes tens of seconds: docs/BENCHMARKS.md)."""
     import shutil
 
     from torch._dynamo import is_dynamo_supported
