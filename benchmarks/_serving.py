@@ -262,6 +262,47 @@ def own_cpu_s() -> float:
     return t.user + t.system
 
 
+class ForeignCpu:
+    """CPU that other processes used while a block ran, in CPUs (0.25 = a quarter of one core on average): the
+    machine's busy time (/proc/stat) less this process's (the generator) and ``pids``'s (the server).
+
+    A benchmark on a shared machine measures the machine as much as the server when another process takes a
+    core from under it; a chunk measured while other processes used more than a small share is not a
+    measurement of the server and is rerun (``benchmarks/serve_overload.py``)."""
+
+    def __init__(self, pids: Sequence[int] = ()) -> None:
+        self.pids = tuple(pids)
+        self.cpus: float = 0.0
+        self.wall_s: float = 0.0
+
+    def _ours(self) -> float:
+        total = own_cpu_s()
+        for pid in self.pids:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += proc_cpu_s(pid)
+        return total
+
+    def __enter__(self) -> ForeignCpu:
+        self._t0, self._busy0, self._ours0 = time.perf_counter(), machine_busy_s(), self._ours()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall_s = time.perf_counter() - self._t0
+        foreign = (machine_busy_s() - self._busy0) - (self._ours() - self._ours0)
+        self.cpus = max(0.0, foreign) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def wait_quiet(pids: Sequence[int] = (), limit: float = 0.1, probe_s: float = 1.0, max_wait_s: float = 300.0) -> float:
+    """Wait until other processes than this one and ``pids`` use at most ``limit`` CPUs over ``probe_s``, at most
+    ``max_wait_s``; returns the seconds waited (0.0 when the machine was quiet at once)."""
+    t0 = time.perf_counter()
+    while True:
+        with ForeignCpu(pids) as fc:
+            time.sleep(probe_s)
+        if fc.cpus <= limit or time.perf_counter() - t0 >= max_wait_s:
+            return time.perf_counter() - t0 - probe_s
+
+
 def cpu_busy(seconds: float = 1.0) -> float:
     """Fraction of all CPUs busy over ``seconds`` (from /proc/stat)."""
 

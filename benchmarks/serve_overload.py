@@ -54,6 +54,7 @@ in every run and the capacities agree within +/-10%, 1 otherwise (the tables say
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import json
 import os
@@ -70,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _serving import (
     PY,
     ROOT,
+    ForeignCpu,
     by_label,
     cpu_model,
     delta,
@@ -79,6 +81,7 @@ from _serving import (
     proc_cpu_s,
     server_process,
     table,
+    wait_quiet,
     windows,
     write_serve_config,
 )
@@ -94,6 +97,9 @@ SERVER_CPU = 1
 CLIENT_CPU = 0
 WINDOW_S = 10.0
 NAIVE_PROBE_S = 5.0
+# A chunk (or run) during which other processes used more than this many CPUs on average measured the machine,
+# not the server: the search reruns such a chunk (after waiting for a quiet machine); overload runs report it.
+FOREIGN_CPU_LIMIT = 0.15
 
 
 def payloads_for(model: str) -> list[Payload]:
@@ -109,7 +115,7 @@ def run_once(
 
 
 def capacity_search(
-    url: str, path: str, payloads: list[Payload], slo: Slo, args: argparse.Namespace, seed: int
+    url: str, path: str, payloads: list[Payload], slo: Slo, args: argparse.Namespace, seed: int, server_pid: int
 ) -> Capacity:
     env: dict[str, Any] = {"note": "serve_overload capacity step"}
     # A chunk the generator itself invalidated (> 1% of sends > 1 ms late: on a shared 2-vCPU VM, a host
@@ -118,13 +124,22 @@ def capacity_search(
     cfg = SearchConfig(
         start_rate=args.start_rate, precision=0.05, chunk_s=args.step_duration, max_chunks=args.max_chunks,
         warmup_s=args.warmup, search_warmup_s=args.step_duration, confidence=0.95,
-        max_late_fraction=args.max_late_fraction,
+        max_late_fraction=args.max_late_fraction, invalid_retries=args.busy_retries,
     )  # fmt: skip
 
     def measure(rate: float, seconds: float, s: int, abort_when: Any) -> Segment:
-        res, rec = run_once(url, path, payloads, rate, seconds, 10.0, slo, s, env, abort_when, args.request_start)
+        waited = wait_quiet([server_pid], FOREIGN_CPU_LIMIT)
+        if waited > 0:
+            print(f"    (waited {waited:.0f} s for other processes to leave the CPUs)", flush=True)
+        with ForeignCpu([server_pid]) as fc:
+            res, rec = run_once(url, path, payloads, rate, seconds, 10.0, slo, s, env, abort_when, args.request_start)
         time.sleep(0.3)  # let the server drain before the next chunk
-        return Segment.from_run(rate, res, rec)
+        seg = Segment.from_run(rate, res, rec)
+        if fc.cpus > FOREIGN_CPU_LIMIT:  # rerun by the search (invalid_retries), never judged
+            why = f"machine busy: other processes used {fc.cpus:.2f} CPU on average"
+            print(f"    chunk at {rate:g}/s not counted: {why}", flush=True)
+            return dataclasses.replace(seg, valid=False, late_only=False, why_invalid=why)
+        return seg
 
     def on_step(s: dict[str, Any]) -> None:
         print(
@@ -203,6 +218,11 @@ def main() -> int:
     ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the generator to CPUs")
     ap.add_argument("--skip-naive", action="store_true")
     ap.add_argument(
+        "--busy-retries", type=int, default=6,
+        help="rerun a capacity chunk the generator invalidated or other processes disturbed (more than "
+        f"{FOREIGN_CPU_LIMIT:g} CPU on average) at most this often before the step counts as invalid",
+    )  # fmt: skip
+    ap.add_argument(
         "--naive-at-same-rate", dest="naive_own_ceiling", action="store_false",
         help="offer the naive server latencylab's overload rate even when its own ceiling (1 / CPU per request, "
         "from a 5-s probe) is higher (default: factor x the larger of the two)",
@@ -277,7 +297,7 @@ def one_run(
             else:
                 print(f"capacity search on {url}{path} (chunks of {args.step_duration:g} s):", flush=True)
                 t0 = time.perf_counter()
-                cap = capacity_search(url, path, payloads, slo, args, seed)
+                cap = capacity_search(url, path, payloads, slo, args, seed, srv.proc.pid)
                 out["capacity"] = {**cap.to_dict(), "search_s": time.perf_counter() - t0}
                 print(f"capacity: {cap.capacity_rate}/s offered, goodput {fmt(cap.goodput)}/s ({cap.reason}; "
                       f"{out['capacity']['search_s']:.0f} s)")  # fmt: skip
@@ -290,14 +310,20 @@ def one_run(
 
             def measure(label: str, r: float, duration_s: float) -> dict[str, Any]:
                 time.sleep(2.0)
+                waited = wait_quiet([srv.proc.pid], FOREIGN_CPU_LIMIT)
                 before = scrape(url) or {}
                 cpu0 = proc_cpu_s(srv.proc.pid)
-                res, rec = run_once(url, path, payloads, r, duration_s, 30.0, slo, seed, {}, None, args.request_start)
+                with ForeignCpu([srv.proc.pid]) as fc:
+                    res, rec = run_once(
+                        url, path, payloads, r, duration_s, 30.0, slo, seed, {}, None, args.request_start
+                    )  # fmt: skip
                 cpu1 = proc_cpu_s(srv.proc.pid)
                 time.sleep(0.5)
                 d = delta(scrape(url) or {}, before)
                 m = summarise(label, res, rec, slo_ms, duration_s)
                 m["server_cpu_ms_per_ok"] = 1e3 * (cpu1 - cpu0) / max(1, m["ok"])
+                m["foreign_cpu"], m["waited_quiet_s"] = fc.cpus, waited
+                print(f"  {label}: other processes used {fc.cpus:.2f} CPU meanwhile (waited {waited:.0f} s before)")
                 m["server_shed_by_reason"] = by_label(d, "latencylab_server_shed_total", "reason")
                 m["server_errors_by_kind"] = by_label(d, "latencylab_server_errors_total", "kind")
                 m["server_requests_by_code"] = by_label(d, "latencylab_server_requests_total", "code")
