@@ -33,12 +33,14 @@ def test_profile_synthetic_prints_table_and_writes_json(tmp_path: Path) -> None:
         "stages=preprocess:constant(300us);forward:normal(1ms,50us)",
         "--param",
         "spike=forward@150+40x3",
+        "--param",
+        "timer=fake",  # the stages advance a FakeClock the profiler reads: exact shares on a busy machine
         "--json",
         str(out),
     )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    assert lines[0].startswith("latencylab profile: synthetic (300 iterations, clock perf_counter_ns)")
+    assert lines[0].startswith("latencylab profile: synthetic (300 iterations, clock fake)"), lines[0]
     table = "\n".join(lines)
     for name in ("preprocess", "forward", "end-to-end", "share", "p99.9"):
         assert name in table
@@ -88,7 +90,8 @@ def test_env_json_and_diff(tmp_path: Path) -> None:
         ),
         (
             ["profile", "--workload", "nope"],
-            "latencylab profile: error: unknown workload 'nope'; choose one of compiled, onnx, synthetic, text, vision",
+            "latencylab profile: error: unknown workload 'nope'; "
+            "choose one of compiled, gen, onnx, synthetic, text, vision",
         ),
         (
             ["profile", "--pipeline", "nomodule"],

@@ -175,9 +175,11 @@ def test_cli_load_json_and_jsonl(tmp_path: Path) -> None:
 def test_cli_capacity_search_brackets_a_single_worker_server(tmp_path: Path) -> None:
     # One worker, 10 ms per request: capacity 100/s at most; p99 <= 60 ms is met well below that.
     with reference_server("--service", "constant(10ms)", "--serial") as url:
-        # a coarse bracket (precision 0.25, <= 3 chunks a step): the search's logic, in well under a minute
-        p = _cli("--url", url, "--model", "reference", "--find-capacity", "--slo", "p99=60ms", "--start-rate", "20",
-                 "--step-duration", "3", "--warmup", "0.5", "--max-chunks", "3", "--precision", "0.25",
+        # a coarse bracket (precision 0.5, 3 chunks of 2 s a step): the CLI's wiring of the search, whose logic
+        # tests/test_load_capacity_search.py checks on simulated queues and test_load_capacity_reference.py on a
+        # real server against the M/D/1 truth
+        p = _cli("--url", url, "--model", "reference", "--find-capacity", "--slo", "p99=60ms", "--start-rate", "30",
+                 "--step-duration", "2", "--warmup", "0.4", "--max-chunks", "3", "--precision", "0.5",
                  "--json", str(tmp_path / "c.json"), timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stderr
     cap = json.loads((tmp_path / "c.json").read_text())["capacity"]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import Noise
 from latencylab.clock import FakeClock
 from latencylab.errors import LatencyLabError
 from latencylab.optimize.experiments import (
@@ -200,7 +201,7 @@ def test_shape_policies_give_equal_embeddings(minilm: tuple[Any, Any], batch_siz
 # ------------------------------------------------------------------ pipeline overlap on the real vision stages
 
 
-def test_pipeline_overlap_counts_and_sanity_throughput() -> None:
+def test_pipeline_overlap_counts_and_sanity_throughput(machine_noise: Noise) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("PIL")
     pytest.importorskip("sklearn")
@@ -222,7 +223,11 @@ def test_pipeline_overlap_counts_and_sanity_throughput() -> None:
     assert len(res.speedup_by_round) == 5
     # sanity bound only: overlapping must not make the pipeline markedly slower (medians over rounds, so that
     # one round disturbed by another process on this shared machine does not decide it)
-    assert res.mode("overlap").items_per_s_p50 >= 0.8 * res.mode("serial").items_per_s_p50
+    overlap, serial = res.mode("overlap").items_per_s_p50, res.mode("serial").items_per_s_p50
+    if not (overlap >= 0.8 * serial and res.speedup >= 0.8):
+        # two threads on 2 shared cores: another process taking one of them slows the overlap only
+        machine_noise.recheck("overlap vs serial throughput to 20%", stolen=0.10)
+    assert overlap >= 0.8 * serial, (overlap, serial)
     assert res.speedup >= 0.8
     d = json.loads(json.dumps(res.to_dict()))
     assert d["kind"] == "pipeline-overlap"

@@ -77,7 +77,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {k: d / f"{k}.json" for k in ("profile", "load", "load2", "optimize", "serve")}
     p = _cli("profile", "--workload", "synthetic", "--iterations", "600", "--warmup", "2", "--quiet",
              "--param", "stages=decode:constant(200us);forward:lognormal(1ms,0.2);post:constant(50us)",
-             "--param", "stall=forward@400:15ms", "--json", str(out["profile"]))  # fmt: skip
+             "--param", "stall=forward@400:15ms", "--param", "timer=fake",
+             "--json", str(out["profile"]))  # fmt: skip
     assert p.returncode == 0, p.stderr
     with reference_server("--service", "lognormal(4ms,0.3)") as url:
         for key, rate, secs in (("load", "40", "3"), ("load2", "120", "2")):  # two points against throughput
@@ -88,7 +89,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
              "--rounds", "2", "--quiet", "--json", str(out["optimize"]))  # fmt: skip
     assert p.returncode == 0, p.stderr
     out["serve"].write_text(json.dumps(_ladder_doc()))
-    # forward: lognormal(1 ms, 0.2) has p99 1.59 ms (more with the stall and a busy machine): 1.6x its 1 ms
+    # forward: lognormal(1 ms, 0.2) has p99 1.59 ms (on the FakeClock: exactly the drawn durations): 1.6x its 1 ms
     (d / "budget.toml").write_text("deadline_ms = 8\nquantile = 'p99'\n[stages]\ndecode = 5\nforward = 1\npost = 5\n")
     out["budget"] = d / "budget.toml"
     return out

@@ -173,7 +173,8 @@ def test_real_prometheus_computes_p99_with_histogram_quantile(vision_server: str
 @pytest.mark.slow
 def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
     cfg = tmp_path / "serve.toml"
-    cfg.write_text('[[models]]\nname = "fake"\nladder = ["fp32"]\nfactory = "fake_variants:make"\n')
+    # max_batch_size 1: the warm-up times batch size 1 only (each size costs 5 forwards of 1.5 s: 30 s for 1-8)
+    cfg.write_text('[[models]]\nname = "fake"\nladder = ["fp32"]\nfactory = "fake_variants:make"\nmax_batch_size = 1\n')
     env = {"PYTHONPATH": str(TESTS), "FAKE_DELAY_MS_FP32": "1500"}
     proc, url = _start(["--config", str(cfg)], env=env, timeout_s=60)
     result: dict[str, object] = {}

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from latencylab.clock import Clock
 from latencylab.errors import LatencyLabError
 
 STAGE_KINDS = ("load", "preprocess", "transfer", "forward", "postprocess", "network", "other")
@@ -45,7 +46,9 @@ class Pipeline:
     """Named stages run in order on inputs drawn from ``source``.
 
     ``device`` says where the pipeline's tensors live ("cpu", "cuda", "cuda:1");
-    the profiler picks a device-correct clock from it. ``metadata`` is recorded
+    the profiler picks a device-correct clock from it, unless ``clock`` names the
+    pipeline's own (a synthetic pipeline on a ``FakeClock``: its stages advance
+    that clock, so only that clock measures them). ``metadata`` is recorded
     verbatim in results (model name, batch size, sequence lengths...).
     ``close`` is called once when profiling ends. ``probe(i)``, if set, is
     called after iteration ``i`` (outside the timed region) and returns small
@@ -60,6 +63,7 @@ class Pipeline:
     metadata: dict[str, Any] = field(default_factory=dict)
     close: Callable[[], None] | None = None
     probe: Callable[[int], Mapping[str, Any]] | None = None
+    clock: Clock | None = None
 
     def stage(self, name: str, fn: Callable[[Any], Any], kind: str = "other") -> Pipeline:
         """Append a stage; returns the pipeline so calls can chain."""

@@ -312,7 +312,10 @@ def profile_interleaved(
     for p in pipelines:
         p.validate()
     apply_threads(cfg.threads)
-    clocks = [clock if clock is not None else clock_for_device(p.device) for p in pipelines]
+    clocks = [
+        clock if clock is not None else p.clock if p.clock is not None else clock_for_device(p.device)
+        for p in pipelines
+    ]
     if env is None:
         from latencylab.env import fingerprint
 

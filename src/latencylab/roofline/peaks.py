@@ -204,7 +204,7 @@ def measure_peaks(
     identity = identity or machine_identity()
     counts = sorted(set(threads) if threads else {1, int(identity["cores"])})
     t0 = time.perf_counter()
-    clock = measure_clock_ghz(iterations=1_000_000 if quick else 5_000_000)
+    clock = measure_clock_ghz(repeats=20 if quick else 60)
     compute: list[ComputePeak] = []
     bandwidth: list[BandwidthPeak] = []
     target = 0.005 if quick else 0.02

@@ -13,6 +13,8 @@ Parameter syntax (``--param``)::
     stages=preprocess:normal(1ms,0.1ms);forward:lognormal(3ms,0.25);postprocess:constant(300us)
     spike=forward@300+50x2        # iterations 300..349 of stage forward take 2x as long
     stall=forward@500:200ms       # iteration 500 of stage forward takes 200 ms extra
+    timer=fake                    # stages advance a FakeClock, which the profiler then reads (exact numbers,
+                                  # however busy the machine; default: busy-wait on the real clock)
 """
 
 from __future__ import annotations
@@ -202,6 +204,7 @@ def synthetic_pipeline(
     pipe = Pipeline(
         "synthetic",
         source=source,
+        clock=clock,
         metadata={
             "stages": {s.name: {"dist": s.dist.kind, "a_ns": s.dist.a, "b": s.dist.b} for s in stages},
             "injections": [
@@ -255,7 +258,7 @@ def _parse_stall(text: str) -> Injection:
 
 
 def build(opts: WorkloadOptions) -> Pipeline:
-    known = {"stages", "spike", "stall", "offset"}
+    known = {"stages", "spike", "stall", "offset", "timer"}
     unknown = set(opts.params) - known
     if unknown:
         raise LatencyLabError(f"unknown synthetic param(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -269,4 +272,8 @@ def build(opts: WorkloadOptions) -> Pipeline:
         offset = int(opts.params.get("offset", "0"))
     except ValueError as exc:
         raise LatencyLabError("offset must be an integer (the warm-up count)") from exc
-    return synthetic_pipeline(stages, injections, opts.seed, iteration_offset=offset)
+    timer = opts.params.get("timer", "busy")
+    if timer not in ("busy", "fake"):
+        raise LatencyLabError(f"timer={timer!r}: use busy (spin on the real clock) or fake (a FakeClock)")
+    clock = FakeClock() if timer == "fake" else None
+    return synthetic_pipeline(stages, injections, opts.seed, clock=clock, iteration_offset=offset)
