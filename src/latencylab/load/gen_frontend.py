@@ -102,8 +102,8 @@ def run_gen_load_command(args: argparse.Namespace, console: Console) -> int:
 
     api = gen_api(args.api)
     slos = [TokenSlo.parse(s) for s in (args.slo or [])]
-    if args.find_capacity:
-        raise LatencyLabError("--find-capacity with --api is not supported yet: run fixed rates with --slo")
+    if args.find_capacity and (args.concurrency or args.arrivals):
+        raise LatencyLabError("--find-capacity searches Poisson rates itself: drop --concurrency/--arrivals")
     if args.early_stop:
         raise LatencyLabError("--early-stop judges a request-latency SLO; with --api run a fixed --duration")
     if args.payload != "auto" or args.input_name:
@@ -112,6 +112,10 @@ def run_gen_load_command(args: argparse.Namespace, console: Console) -> int:
     for p in prompts:
         api.body(args.model, p)  # refuses a 'messages' prompt for a prompt-only API, before anything is sent
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    if args.find_capacity:
+        from latencylab.load.gen_capacity import run_gen_capacity
+
+        return run_gen_capacity(args, console, args.url, api, prompts, slos, headers, fingerprint(sample_s=0.0))
     duration = args.duration if args.duration is not None else (None if args.max_requests else 10.0)
     common: dict[str, Any] = {
         "duration_s": duration, "max_requests": args.max_requests, "min_requests": args.min_requests,

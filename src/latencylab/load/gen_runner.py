@@ -14,7 +14,7 @@ from typing import Any
 
 from latencylab.load.arrivals import ArrivalProcess
 from latencylab.load.gen_client import GenApi
-from latencylab.load.generator import AbortFn, LoadConfig, ProgressFn, Records, run_load
+from latencylab.load.generator import AbortFn, LoadConfig, ProgressFn, Records, RunStats, run_load
 from latencylab.load.prompts import Prompt
 from latencylab.load.results import LoadResult
 from latencylab.load.runner import load_result, summarize
@@ -39,6 +39,26 @@ def gen_load_test(
     payloads = api.payloads(model, prompts)
     path = api.path(model)
     rec, run = run_load(url, path, payloads, arrivals, cfg, seed, progress, None, abort_when, stream=api)
+    return gen_result(rec, run, url, api, model, prompts, arrivals, cfg, slos, confidence, seed, env), rec
+
+
+def gen_result(
+    rec: Records,
+    run: RunStats,
+    url: str,
+    api: GenApi,
+    model: str,
+    prompts: Sequence[Prompt],
+    arrivals: ArrivalProcess | None,
+    cfg: LoadConfig,
+    slos: Sequence[TokenSlo] = (),
+    confidence: float = 0.99,
+    seed: int = 0,
+    env: dict[str, Any] | None = None,
+) -> LoadResult:
+    """The ``load`` result of a streaming run's records (``Records.traces`` set): request-level summary and
+    histograms plus the token metrics. Separate from the run so that recorded or synthetic records make the
+    same document."""
     summary, hists = summarize(rec, run, cfg, arrivals, None, confidence)
     arr = token_arrays(rec)
     tokens = summarize_tokens(rec, arr, run.wall_s, slos, confidence)
@@ -50,9 +70,9 @@ def gen_load_test(
     hists.update(token_histograms(arr))
     config = asdict(cfg)
     config.update(
-        seed=seed, payloads=len(payloads), api=api.name,
+        seed=seed, payloads=len(prompts), api=api.name,
         max_tokens=sorted({p.max_tokens for p in prompts}), prompt_chars=sorted({p.chars for p in prompts}),
         slos=[s.describe() for s in slos],
     )  # fmt: skip
-    target = {"url": url, "path": path, "model": model, "api": api.name}
-    return load_result(rec, target, arrivals, config, summary, hists, env), rec
+    target = {"url": url, "path": api.path(model), "model": model, "api": api.name}
+    return load_result(rec, target, arrivals, config, summary, hists, env)

@@ -4,8 +4,11 @@ Every request streams exactly ``max_tokens`` tokens: the first ``ttft`` after th
 next one a ``gap`` after the previous, both drawn (seeded) from stated distributions; tokens are written on
 an absolute schedule, so a late wake-up delays one token and not the rest. Optional faults make the bad cases
 reproducible: a stall (every K-th stream pauses once, mid-stream), and every K-th request answered wrongly
-(closed early, an error event, a non-SSE answer). A concurrency limit sheds with 429. Every draw is
-recorded and served at ``GET /debug/draws`` (``ttft_ns``, ``gaps_ns`` including any stall, ``fault``).
+(closed early, an error event, a non-SSE answer). A concurrency limit sheds with 429. ``slots`` makes it a
+queue with a finite capacity: at most that many streams generate at once, the others wait their turn (FIFO)
+and the wait is part of their TTFT, so with constant laws the server is an M/D/c queue whose service time is
+``ttft + (max_tokens - 1) * gap``. Every draw is recorded and served at ``GET /debug/draws`` (``ttft_ns``,
+``gaps_ns`` including any stall, ``fault``, ``queued_ns``: the wait for a slot).
 
 Protocols: OpenAI ``POST /v1/completions`` and ``/v1/chat/completions`` (``stream: true`` SSE, an optional
 usage event with ``stream_options.include_usage``, ``data: [DONE]``; without ``stream`` one JSON answer),
@@ -28,6 +31,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -61,6 +65,7 @@ class StreamState:
         stall_ns: int = 0,
         faults: tuple[tuple[str, int], ...] = (),
         max_inflight: int | None = None,
+        slots: int | None = None,
     ) -> None:
         self.ttft, self.gap = ttft, gap
         self.rng = np.random.default_rng(seed)
@@ -71,6 +76,31 @@ class StreamState:
         self.count = 0
         self.inflight = 0
         self.draws: list[dict[str, Any]] = []
+        self.free = slots  # None: no queue, every admitted stream generates at once
+        self.waiting: deque[threading.Event] = deque()
+
+    def acquire_slot(self) -> int:
+        """Wait (FIFO) for a generation slot; the ns waited."""
+        if self.free is None:
+            return 0
+        t0 = time.perf_counter_ns()
+        with self.lock:
+            if self.free > 0 and not self.waiting:
+                self.free -= 1
+                return 0
+            turn = threading.Event()
+            self.waiting.append(turn)
+        turn.wait()  # release() hands its slot straight to the first in line: no barging
+        return time.perf_counter_ns() - t0
+
+    def release_slot(self) -> None:
+        if self.free is None:
+            return
+        with self.lock:
+            if self.waiting:
+                self.waiting.popleft().set()
+            else:
+                self.free += 1
 
     def admit(self, n_tokens: int) -> dict[str, Any] | None:
         """The draw for a request arriving now (None: shed), recorded in ``draws``."""
@@ -149,6 +179,9 @@ def make_handler(state: StreamState) -> type[BaseHTTPRequestHandler]:
             if draw is None:
                 self._send(429, {"error": {"message": "too many requests in flight"}}, {"Retry-After": "1"})
                 return
+            queued = state.acquire_slot()
+            draw["queued_ns"] = queued
+            t_recv += queued
             try:
                 if oip:
                     self._oip(draw, t_recv, oip.group(2) == "generate_stream")
@@ -159,6 +192,7 @@ def make_handler(state: StreamState) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
             finally:
+                state.release_slot()
                 state.release()
 
         def _times(self, draw: dict[str, Any], t_recv: int) -> list[int]:
@@ -258,10 +292,11 @@ def serve(
     stall: str = "0s",
     faults: tuple[str, ...] = (),
     max_inflight: int | None = None,
+    slots: int | None = None,
 ) -> StreamServer:
     state = StreamState(
         Distribution.parse(ttft), Distribution.parse(gap), seed, stall_every, int(parse_duration_ns(stall)),
-        tuple(parse_fault(f) for f in faults), max_inflight,
+        tuple(parse_fault(f) for f in faults), max_inflight, slots,
     )  # fmt: skip
     return StreamServer(("127.0.0.1", port), make_handler(state))
 
@@ -277,10 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall", default="0s", help="how long that pause lasts, e.g. 500ms")
     ap.add_argument("--fault", action="append", default=[], help="KIND@K: close, error or nonsse every K-th request")
     ap.add_argument("--max-inflight", type=int, default=None, help="shed with 429 beyond this")
+    ap.add_argument("--slots", type=int, default=None, help="at most this many streams at once; the rest queue")
     args = ap.parse_args(argv)
+    if args.slots is not None and args.slots < 1:
+        print("error: --slots must be >= 1", file=sys.stderr)
+        return 2
     try:
         server = serve(args.port, args.ttft, args.gap, args.seed, args.stall_every, args.stall, tuple(args.fault),
-                       args.max_inflight)  # fmt: skip
+                       args.max_inflight, args.slots)  # fmt: skip
     except LatencyLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
