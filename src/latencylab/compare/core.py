@@ -54,6 +54,9 @@ def _profile_side(doc: Mapping[str, Any]) -> _Side:
 
 
 LOAD_SERIES = {"latency": "corrected_ok", "uncorrected": "uncorrected_ok"}
+# A generative (streaming) load result's token metrics (load.token_metrics): one series each, so that the
+# gates "ttft:p99>+5%" (or its alias "ttft_p99>+5%", model.TOKEN_SERIES) judge them as any latency series.
+TOKEN_LOAD_SERIES = {"ttft": "ttft_ok", "tpot": "tpot_ok", "itl": "itl_ok", "e2e": "e2e_ok"}
 
 
 def _load_side(doc: Mapping[str, Any]) -> _Side:
@@ -65,7 +68,7 @@ def _load_side(doc: Mapping[str, Any]) -> _Side:
     try:
         hists, summary = doc["histograms"], doc["summary"]
         series = {}
-        for name, key in LOAD_SERIES.items():
+        for name, key in (LOAD_SERIES | TOKEN_LOAD_SERIES).items():
             if key in hists:
                 h = LatencyHistogram.from_dict(dict(hists[key]))
                 if h.count:

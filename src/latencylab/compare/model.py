@@ -64,6 +64,9 @@ LATENCY_METRICS: dict[str, float | str] = {
     "max": "max",
 }
 RATE_METRICS = ("throughput", "error_rate")
+# Series of a generative load result (compare.core.TOKEN_LOAD_SERIES): a gate "ttft_p99>+5%" reads as
+# "ttft:p99>+5%"
+TOKEN_SERIES = ("ttft", "tpot", "itl", "e2e")
 LABELS = {"p999": "p99.9", "error_rate": "error rate"}
 TAIL_SAMPLES = 10  # as latencylab.stats: samples wanted beyond a quantile before trusting it
 
@@ -143,6 +146,9 @@ class Gate:
             )
         metric = m["metric"].lower().replace("p99.9", "p999")
         series = m["series"].strip() if m["series"] else None
+        token, sep, rest = metric.partition("_")
+        if sep and token in TOKEN_SERIES and series is None:  # ttft_p99 -> series ttft, metric p99
+            series, metric = token, rest
         op, unit, value = m["op"], m["unit"], float(m["num"])
         known = (*LATENCY_METRICS, *RATE_METRICS)
         if metric not in known:

@@ -32,6 +32,8 @@ from latencylab.load.results import new_histogram
 METRICS = ("ttft", "tpot", "itl", "e2e")
 SLO_METRICS = ("ttft", "tpot", "e2e")  # per-request values; ITL is per gap (a request's TPOT is its mean gap)
 QS = (0.5, 0.9, 0.99)
+STALL_FACTOR = 5.0  # a token gap longer than this many ITL medians is a stall
+MAX_STALL_WINDOWS = 20  # the longest kept in the result
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,8 @@ class TokenArrays:
     output_tokens: np.ndarray
     itl_ns: np.ndarray  # all gaps, all requests
     one_shot: int  # successful requests answered in one piece (OIP generate): E2E only
+    itl_end_ns: np.ndarray | None = None  # per gap: arrival of its later token (ns from the run start)
+    itl_request: np.ndarray | None = None  # per gap: the request (index into the run's records)
 
     @property
     def n(self) -> int:
@@ -87,6 +91,8 @@ def token_arrays(rec: Records) -> TokenArrays:
     """Token metrics of every successful streamed request of a run (see the module docstring)."""
     traces = rec.traces or [None] * rec.n
     req, ttft, ttft_u, e2e, tpot, ntok, gaps = [], [], [], [], [], [], []
+    gap_end: list[int] = []
+    gap_req: list[int] = []
     one_shot = 0
     for i, tr in enumerate(traces):
         if tr is None or rec.outcome[i] != 0 or not tr.chunk_ns:
@@ -104,10 +110,13 @@ def token_arrays(rec: Records) -> TokenArrays:
         ntok.append(n_out)
         tpot.append((done - first) / (n_out - 1) if n_out > 1 else np.nan)
         gaps.extend(np.diff(tr.chunk_ns).tolist())
+        gap_end.extend(tr.chunk_ns[1:])
+        gap_req.extend([i] * (len(tr.chunk_ns) - 1))
     return TokenArrays(
         np.asarray(req, dtype=np.int64), np.asarray(ttft, dtype=np.int64), np.asarray(ttft_u, dtype=np.int64),
         np.asarray(e2e, dtype=np.int64), np.asarray(tpot, dtype=np.float64), np.asarray(ntok, dtype=np.int64),
-        np.asarray(gaps, dtype=np.int64), one_shot,
+        np.asarray(gaps, dtype=np.int64), one_shot, np.asarray(gap_end, dtype=np.int64),
+        np.asarray(gap_req, dtype=np.int64),
     )  # fmt: skip
 
 
@@ -148,6 +157,71 @@ def _describe(values: np.ndarray) -> dict[str, Any] | None:
     return out
 
 
+def token_timeline(rec: Records, arr: TokenArrays, bucket_s: float = 1.0) -> list[dict[str, Any]]:
+    """Per ``bucket_s`` of the run: TTFT p50/p99 of the requests intended then, and ITL p50/p99/max of the
+    gaps that ended then (ms)."""
+    if arr.n == 0:
+        return []
+    b_ns = int(bucket_s * 1e9)
+    t_req = rec.intended_ns[arr.request] // b_ns
+    t_gap = arr.itl_end_ns // b_ns if arr.itl_end_ns is not None else np.array([], dtype=np.int64)
+    last = int(max(t_req.max(), t_gap.max() if t_gap.size else 0))
+    out = []
+    for b in range(last + 1):
+        ttft = arr.ttft_ns[t_req == b]
+        gaps = arr.itl_ns[t_gap == b] if t_gap.size else np.array([])
+        out.append({
+            "t_s": b * bucket_s, "requests": int(ttft.size),
+            "ttft_p50_ms": float(np.quantile(ttft, 0.5)) / 1e6 if ttft.size else None,
+            "ttft_p99_ms": float(np.quantile(ttft, 0.99)) / 1e6 if ttft.size else None,
+            "itl_n": int(gaps.size),
+            "itl_p50_ms": float(np.quantile(gaps, 0.5)) / 1e6 if gaps.size else None,
+            "itl_p99_ms": float(np.quantile(gaps, 0.99)) / 1e6 if gaps.size else None,
+            "itl_max_ms": float(gaps.max()) / 1e6 if gaps.size else None,
+        })  # fmt: skip
+    return out
+
+
+def token_stalls(arr: TokenArrays, factor: float = STALL_FACTOR) -> dict[str, Any] | None:
+    """Gaps longer than ``factor`` x the ITL median, merged into windows of the run's time where one stream or
+    several stalled together (a server-wide pause holds every stream in flight at once). The longest
+    ``MAX_STALL_WINDOWS`` windows are kept: start and end (s from the run start), streams and gaps in them."""
+    if arr.itl_ns.size == 0 or arr.itl_end_ns is None or arr.itl_request is None:
+        return None
+    threshold = factor * float(np.median(arr.itl_ns))
+    big = np.flatnonzero(arr.itl_ns > threshold)
+    out: dict[str, Any] = {
+        "threshold_ms": threshold / 1e6, "factor": factor, "gaps": int(big.size),
+        "fraction": big.size / arr.itl_ns.size, "stalled_ms": float(arr.itl_ns[big].sum()) / 1e6,
+        "streams": int(np.unique(arr.itl_request[big]).size), "windows": [],
+    }  # fmt: skip
+    if not big.size:
+        return out
+    end = arr.itl_end_ns[big]
+    start = end - arr.itl_ns[big]
+    order = np.argsort(start)
+    windows: list[dict[str, Any]] = []
+    cur: dict[str, Any] | None = None
+    for k in order:
+        s0, e0, r = int(start[k]), int(end[k]), int(arr.itl_request[big[k]])
+        if cur is not None and s0 <= cur["_end"]:
+            cur["_end"] = max(cur["_end"], e0)
+            cur["_req"].add(r)
+            cur["gaps"] += 1
+            continue
+        cur = {"_start": s0, "_end": e0, "_req": {r}, "gaps": 1}
+        windows.append(cur)
+    rows = [
+        {"start_s": w["_start"] / 1e9, "end_s": w["_end"] / 1e9, "duration_ms": (w["_end"] - w["_start"]) / 1e6,
+         "streams": len(w["_req"]), "gaps": w["gaps"]}
+        for w in windows
+    ]  # fmt: skip
+    rows.sort(key=lambda w: -w["duration_ms"])
+    out["window_count"] = len(rows)
+    out["windows"] = sorted(rows[:MAX_STALL_WINDOWS], key=lambda w: w["start_s"])
+    return out
+
+
 def per_request_within(arr: TokenArrays, slo: TokenSlo) -> np.ndarray:
     """Per successful streamed request: its ``slo.metric`` is within the threshold (TPOT of a one-token
     answer: within, as it has no decode phase)."""
@@ -172,6 +246,8 @@ def summarize_tokens(
     out["output_tokens_per_s"] = total / duration_s if duration_s > 0 else None
     per_req = arr.output_tokens / np.maximum(arr.e2e_ns, 1) * 1e9
     out["request_output_tokens_per_s_p50"] = float(np.median(per_req)) if arr.n else None
+    out["timeline"] = token_timeline(rec, arr)
+    out["stalls"] = token_stalls(arr)
     if slos:
         good = np.ones(arr.n, dtype=bool)
         verdicts = []

@@ -309,6 +309,67 @@ def _distribution_section(p: _Parsed) -> str:
     return "".join(out)
 
 
+TOKEN_ROWS = (
+    ("ttft", "TTFT (from intended send)"), ("ttft_uncorrected", "TTFT (from actual send)"), ("tpot", "TPOT"),
+    ("itl", "ITL (every gap)"), ("e2e", "E2E (from intended send)"),
+)  # fmt: skip
+
+
+def _token_table(t: Mapping[str, Any]) -> str:
+    rows = []
+    for key, name in TOKEN_ROWS:
+        d = t.get(key)
+        if not isinstance(d, Mapping):
+            rows.append([_e(name), "-", "-", "-", "-", "-", "0"])
+            continue
+
+        def ci(q: str, d: Mapping[str, Any] = d) -> str:
+            c = d.get(f"{q}_ci_ms")
+            return f"[{_ms(c[0])}, {_ms(c[1])}]" if c else "-"
+
+        rows.append([_e(name), _ms(d.get("p50_ms")), ci("p50"), _ms(d.get("p90_ms")), _ms(d.get("p99_ms")),
+                     ci("p99"), f"{int(d.get('n', 0)):,}"])  # fmt: skip
+    head = ["metric", "p50 (ms)", "p50 95% CI", "p90 (ms)", "p99 (ms)", "p99 95% CI", "n"]
+    return _table(head, rows, num=(1, 2, 3, 4, 5, 6))
+
+
+def _tokens_section(p: _Parsed) -> str:
+    """Generative load results: TTFT/TPOT/ITL/E2E percentiles with CIs, output tokens, goodput, two figures."""
+    out = []
+    for r, lr in p.loads:
+        t = lr.summary.get("tokens")
+        if not figures.has_tokens(lr):
+            continue
+        assert isinstance(t, Mapping)
+        api = lr.target.get("api", "?")
+        out.append(f"<h3>{_e(_label(r))} (streaming load, {_e(api)}, {int(t['requests']):,} streamed requests)</h3>")
+        out.append(_token_table(t))
+        rate, per = t.get("output_tokens_per_s"), t.get("request_output_tokens_per_s_p50")
+        line = (
+            f"output tokens: {int(t.get('output_tokens', 0)):,} (mean {float(t.get('output_tokens_mean') or 0):.1f} "
+            f"per request); {float(rate or 0):.1f} tokens/s in aggregate; per request p50 {float(per or 0):.1f} "
+            "tokens/s"
+        )
+        out.append(f'<p class="note">{_e(line)}</p>')
+        for v in t.get("slo") or []:
+            out.append(f'<p class="note">SLO {_e(v.get("objective"))}: {_e(v.get("text"))}</p>')
+        if t.get("slo"):
+            good = f"goodput {float(t.get('goodput') or 0):.2f} requests/s met every objective ({t.get('good')} of "
+            out.append(f'<p class="note">{_e(good + str(lr.summary.get("sent")) + ")")}</p>')
+        stalls = t.get("stalls") or {}
+        if stalls.get("gaps"):
+            out.append(
+                f'<p class="note">{_e(stalls["gaps"])} token gaps over {_ms(stalls["threshold_ms"])} ms '
+                f"({_e(stalls['factor'])} x the ITL median) in {_e(stalls.get('window_count', 0))} stall windows, "
+                f"{_ms(stalls['stalled_ms'])} ms in all</p>"
+            )
+        cap = f"{_label(r)}: tails of TTFT, TPOT, ITL and E2E (1 - CDF from the HDR histograms); dots: p99."
+        out.append(_figure(cap, figures.token_cdf, lr))
+        cap = f"{_label(r)}: TTFT and ITL per second of the run; shaded: stall windows (gaps > 5x the ITL median)."
+        out.append(_figure(cap, figures.token_over_time, lr))
+    return "".join(out)
+
+
 def _breakdown_section(p: _Parsed) -> str:
     out = []
     if p.profiles:
@@ -514,6 +575,7 @@ def render_report(inp: ReportInput) -> str:
         sections.append(("budget", "Latency budget", _budget_section(inp, p)))
     for key, title, build in (
         ("distribution", "Latency distribution", _distribution_section),
+        ("tokens", "Token latency (generative load)", _tokens_section),
         ("breakdown", "Stage breakdown", _breakdown_section),
         ("over-time", "Latency over time", _over_time_section),
         ("throughput", "Latency vs throughput", _throughput_section),

@@ -17,6 +17,7 @@ from latencylab.diagnose.rules import (
     roofline,
     shapes,
     spikes,
+    tokens,
     transfer,
     variance,
     variants,
@@ -38,6 +39,7 @@ RULES: dict[str, Rule] = {
     "unstable-explained": variance.rule,  # how much of the IQR the input and the runs explain (issue 23)
     "machine-speed": machine.rule,  # the canary: the machine's speed moved within or between results
     "roofline": roofline.rule,  # optimize variants placed on this machine's roofline (peaks cached per machine)
+    "token-stream": tokens.rule,  # token-stalls, ttft-queueing (generative load results)
 }
 
 __all__ = ["RULES", "Rule"]

@@ -3,7 +3,8 @@
 Every function takes a result (or its JSON document) and returns ``data:image/png;base64,...`` that an
 ``<img>`` shows without any file or network access. One module per figure family: :mod:`.profile`,
 :mod:`.load` (the load-run figures are drawn by :mod:`latencylab.load.plots`, the same as
-``latencylab load --plot`` writes), :mod:`.pareto` (optimize), :mod:`.ladder` (serve); what they share
+``latencylab load --plot`` writes), :mod:`.pareto` (optimize), :mod:`.ladder` (serve), :mod:`.tokens`
+(generative load); what they share
 is in :mod:`.common` and :mod:`latencylab.plotting`. Latencies are in milliseconds; log axes wherever a
 tail is 10x the median. matplotlib is optional (``pip install 'latencylab[plot]'``): a missing one is a
 one-line :class:`~latencylab.errors.LatencyLabError`.
@@ -24,6 +25,7 @@ from latencylab.report.figures.load import (
 )
 from latencylab.report.figures.pareto import FidelityLoss, fidelity_loss, fidelity_score, pareto_figure, pareto_front
 from latencylab.report.figures.profile import profile_breakdown, profile_distribution, profile_over_time, stage_shares
+from latencylab.report.figures.tokens import has_tokens, token_cdf, token_over_time
 
 __all__ = [
     "DEADLINE",
@@ -34,6 +36,7 @@ __all__ = [
     "fidelity_loss",
     "fidelity_score",
     "finite",
+    "has_tokens",
     "ladder_over_time",
     "latency_vs_throughput",
     "load_cdf",
@@ -47,4 +50,6 @@ __all__ = [
     "server_breakdown",
     "stage_shares",
     "to_data_uri",
+    "token_cdf",
+    "token_over_time",
 ]
