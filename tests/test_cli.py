@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -164,3 +165,26 @@ def test_user_pipeline_factory(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert "latencylab profile: mine (50 iterations" in p.stdout
     assert "double" in p.stdout
+
+
+def test_prepare_names_unknown_steps_in_one_line() -> None:
+    p = run("prepare", "--only", "vision,nope")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "unknown step(s) nope; choose from vision, gen, roofline" in p.stderr
+
+
+@pytest.mark.slow
+def test_prepare_builds_a_cache_once_and_hits_it_after(tmp_path: Path) -> None:
+    env = {**os.environ, "LATENCYLAB_CACHE": str(tmp_path)}
+    first = subprocess.run(
+        [sys.executable, "-m", "latencylab", "prepare", "--only", "roofline"], capture_output=True, text=True, env=env
+    )
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("prepare roofline: peaks of this machine"), first.stdout
+    files = sorted((tmp_path / "roofline").glob("peaks-*-quick.json"))
+    assert len(files) == 1
+    stamp = files[0].stat().st_mtime_ns
+    again = subprocess.run(
+        [sys.executable, "-m", "latencylab", "prepare", "--only", "roofline"], capture_output=True, text=True, env=env
+    )
+    assert again.returncode == 0 and files[0].stat().st_mtime_ns == stamp  # read, not measured again

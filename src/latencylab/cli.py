@@ -202,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("env", help="environment fingerprint, lint and diff")
     e.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the fingerprint as JSON (- = stdout)")
     e.add_argument("--diff", nargs=2, metavar=("A", "B"), help="differences that change latency (env or result files)")
+
+    from latencylab.prepare import add_arguments as add_prepare_arguments
+
+    add_prepare_arguments(
+        sub.add_parser("prepare", help="build the built-in workloads' model caches once (offline): CNN, SmolLM2, peaks")
+    )
     return parser
 
 
@@ -296,6 +302,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return run_compare_command(args, _stdout_console())
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from latencylab.prepare import run_prepare_command
+
+    return run_prepare_command(args)
+
+
 COMMANDS: dict[str, Any] = {
     "profile": cmd_profile,
     "env": cmd_env,
@@ -306,6 +318,7 @@ COMMANDS: dict[str, Any] = {
     "diagnose": cmd_diagnose,
     "report": cmd_report,
     "compare": cmd_compare,
+    "prepare": cmd_prepare,
 }
 
 
