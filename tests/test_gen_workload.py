@@ -190,6 +190,22 @@ def test_stage_and_token_timing_with_a_fake_clock(tiny: tuple[Any, Any]) -> None
     assert sum(g.shares.values()) == pytest.approx(1.0)
 
 
+def test_token_figures_read_back_from_the_result_file(tiny: tuple[Any, Any], tmp_path: Path) -> None:
+    from latencylab.gen.profile import gen_profile, is_generative, profile_figures, token_arrays
+    from latencylab.results import load_result
+
+    result = fake_run(tiny, kv=True)
+    g = gen_profile(result, n_boot=50)
+    path = result.save(tmp_path / "gen.json", summary={"tokens": g.to_dict()})
+    back = load_result(path)
+    assert is_generative(back)
+    np.testing.assert_array_equal(token_arrays(back).itl_ns, token_arrays(result).itl_ns)
+    assert gen_profile(back, n_boot=50).to_dict() == g.to_dict()
+    doc = json.loads(path.read_text())["summary"]["tokens"]
+    assert doc["itl"]["p50_ms"] == 0.006 and doc["output_tokens"] == 5 * result.n
+    assert profile_figures(back, {"roofline": "off"}) is not None
+
+
 def test_kv_cache_off_costs_the_whole_sequence_each_step(tiny: tuple[Any, Any]) -> None:
     from latencylab.gen.profile import token_arrays
 

@@ -164,7 +164,7 @@ def run_profile(opts: ProfileOptions, out: Console) -> int:
     analysis = analyze(result)
     render_profile(result, analysis, out)
     gen = None
-    if (opts.workload or "") == "gen":
+    if (result.pipeline.get("metadata") or {}).get("generative"):  # --workload gen, or a pipeline built like it
         from latencylab.gen.profile import profile_figures, render_gen
 
         gen = profile_figures(result, opts.params)  # TTFT/TPOT/ITL, where the time goes, the roofline
