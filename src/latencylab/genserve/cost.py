@@ -1,0 +1,57 @@
+"""What a scheduler step costs, learned online: prefill seconds per token and decode step seconds per batch size.
+
+Both are seeded at warm-up (the server runs a few real requests before it listens) and then follow every
+step with an EWMA. A single stall is clipped (``LatencyModel``'s rule: at most ``clip`` x the estimate), so one
+hiccup does not make every later admission look infeasible.
+"""
+
+from __future__ import annotations
+
+from latencylab.serve.admission import LatencyModel
+
+__all__ = ["StepCosts"]
+
+
+class StepCosts:
+    """Prefill: seconds per prompt token (EWMA). Decode: seconds per step by batch size (``LatencyModel``).
+
+    ``output_tokens``: the EWMA of how many tokens a finished sequence produced, as a fraction of its
+    ``max_tokens`` (most replies end at EOS well before the limit); admission uses it to predict when a slot
+    frees, so that it does not assume every reply runs to its limit.
+    """
+
+    def __init__(self, alpha: float = 0.2, clip: float = 4.0) -> None:
+        self.alpha = alpha
+        self.clip = clip
+        self.prefill_per_token_s: float | None = None
+        self.prefill_overhead_s = 0.0  # fixed cost of a prefill forward, besides its tokens (seeded at warm-up)
+        self.decode = LatencyModel(alpha, clip)
+        self.output_fraction = 1.0
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0:
+            return
+        per = max(0.0, seconds - self.prefill_overhead_s) / tokens
+        old = self.prefill_per_token_s
+        if old is not None:
+            per = min(per, self.clip * old)
+        self.prefill_per_token_s = per if old is None else old + self.alpha * (per - old)
+
+    def observe_decode(self, batch: int, seconds: float) -> None:
+        self.decode.observe(batch, seconds)
+
+    def observe_finish(self, produced: int, max_tokens: int) -> None:
+        if max_tokens > 0:
+            self.output_fraction += self.alpha * (min(1.0, produced / max_tokens) - self.output_fraction)
+
+    def prefill_s(self, tokens: int) -> float:
+        if tokens <= 0 or self.prefill_per_token_s is None:
+            return 0.0
+        return self.prefill_overhead_s + tokens * self.prefill_per_token_s
+
+    def decode_s(self, batch: int) -> float:
+        return self.decode.predict(batch) if batch > 0 else 0.0
+
+    @property
+    def seeded(self) -> bool:
+        return self.prefill_per_token_s is not None and bool(self.decode.by_size)

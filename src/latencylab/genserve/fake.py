@@ -1,0 +1,88 @@
+"""A fake model for the scheduler and the HTTP layer: known step costs on a clock, deterministic tokens.
+
+:class:`FakeEngine` charges ``prefill_overhead_ns + prefill_ns_per_token x tokens`` per prefill chunk and
+``decode_base_ns + decode_ns_per_seq x batch`` per decode step, by advancing a
+:class:`~latencylab.clock.FakeClock` (tests: exact times) or by sleeping (a server test on the real clock).
+Token ``k`` (0-based) of a sequence is ``first_token + k``; a sequence ends with ``eos`` after
+``reply_len(seq)`` tokens (by default its prompt's first id, so a test sets each reply's length).
+:class:`FakeTokenizer` maps characters to ids and back (one character, one token).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from latencylab.clock import FakeClock
+from latencylab.genserve.scheduler import Seq
+
+EOS = 2
+FIRST_TOKEN = 1000
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        clock: FakeClock | None = None,
+        *,
+        prefill_ns_per_token: int = 1_000_000,
+        prefill_overhead_ns: int = 0,
+        decode_base_ns: int = 20_000_000,
+        decode_ns_per_seq: int = 2_000_000,
+        reply_len: Callable[[Seq], int] | None = None,
+        eos: int = EOS,
+    ) -> None:
+        self.clock = clock
+        self.prefill_ns_per_token = prefill_ns_per_token
+        self.prefill_overhead_ns = prefill_overhead_ns
+        self.decode_base_ns = decode_base_ns
+        self.decode_ns_per_seq = decode_ns_per_seq
+        self.reply_len = reply_len or (lambda s: s.req.prompt_ids[0])
+        self.eos = eos
+        self.calls: list[tuple[Any, ...]] = []  # ("prefill", id, start, end) | ("decode", (ids...)) | ("release", id)
+        self.cached: dict[int, int] = {}  # seq id -> positions in its (fake) cache
+
+    def _spend(self, ns: int) -> None:
+        if self.clock is not None:
+            self.clock.advance(ns)
+        else:
+            time.sleep(ns / 1e9)
+
+    def _next(self, s: Seq) -> int:
+        k = len(s.tokens)
+        return self.eos if k + 1 >= self.reply_len(s) else FIRST_TOKEN + k
+
+    def prefill(self, seq: Seq, start: int, end: int) -> int | None:
+        if self.cached.get(seq.id, 0) != start:
+            raise AssertionError(f"seq {seq.id}: prefill from {start}, cache holds {self.cached.get(seq.id, 0)}")
+        self.calls.append(("prefill", seq.id, start, end))
+        self._spend(self.prefill_overhead_ns + self.prefill_ns_per_token * (end - start))
+        self.cached[seq.id] = end
+        return self._next(seq) if end == seq.prompt_len else None
+
+    def decode(self, seqs: Sequence[Seq]) -> list[int]:
+        self.calls.append(("decode", tuple(s.id for s in seqs)))
+        self._spend(self.decode_base_ns + self.decode_ns_per_seq * len(seqs))
+        for s in seqs:
+            self.cached[s.id] += 1
+        return [self._next(s) for s in seqs]
+
+    def release(self, seq: Seq) -> None:
+        self.calls.append(("release", seq.id))
+        self.cached.pop(seq.id, None)
+
+    def decodes(self) -> list[tuple[int, ...]]:
+        return [c[1] for c in self.calls if c[0] == "decode"]
+
+
+class FakeTokenizer:
+    """One token per character (ids = code points + 10, clear of EOS); ``decode`` inverts it."""
+
+    eos_token_id = EOS
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) + 10 for c in text]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i - 10) for i in ids if i != EOS and i >= 10)

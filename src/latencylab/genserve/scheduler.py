@@ -1,0 +1,394 @@
+"""Iteration-level (Orca-style continuous) batching: which sequences run in each model step.
+
+The scheduler knows nothing of HTTP or torch: it drives an :class:`Engine` (``prefill`` a chunk of one
+sequence's prompt, ``decode`` one token for each of a batch of sequences, ``release`` a sequence's cache) and
+reads the time from an injected :class:`~latencylab.clock.Clock`. One :meth:`Scheduler.step`:
+
+1. applies what happened since the last step: cancelled sequences (a client that left, a stop string seen)
+   leave the batch and free their slot and KV reservation now, before any compute is spent on them;
+2. admits waiting sequences, first come first served, while fewer than ``max_num_seqs`` run and the KV
+   budget holds their reservation (prompt + ``max_tokens`` tokens: reserved whole at admission, so a running
+   sequence never needs preemption); the head of the queue is never overtaken (no starvation);
+3. prefills: runs at most ``prefill_chunk_tokens`` prompt tokens this step (chunked prefill), oldest sequence
+   first; a sequence whose whole prompt is in has its first token;
+4. decodes: one forward for every running sequence whose prefill ended in an earlier step, one token each;
+5. retires the sequences that finished (EOS, ``max_tokens``).
+
+A long prompt joining therefore costs the others at most one chunk's prefill per step instead of its whole
+prefill: their inter-token latency is bounded by ``decode(batch) + prefill(chunk)``.
+
+Admission (:meth:`Scheduler.submit`) predicts the new sequence's TTFT from the costs learnt so far
+(:class:`~latencylab.genserve.cost.StepCosts`): the wait for a slot (the running and waiting sequences ahead,
+each expected to produce ``output_fraction x max_tokens`` tokens, simulated on ``max_num_seqs`` slots at the
+predicted step time), then the prefill work ahead of it and its own, a chunk per step, each step also paying
+a decode step of the batch. A request predicted past its TTFT deadline is refused with
+:class:`~latencylab.serve.admission.Shed` (503 + Retry-After) before it queues.
+
+Thread model: ``submit``, ``cancel`` and ``stop`` may be called from any thread (the event loop); ``step``
+from one worker thread. A lock guards the queues; the engine runs outside it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from latencylab.clock import Clock, PerfCounterClock
+from latencylab.genserve.cost import StepCosts
+from latencylab.serve.admission import Shed
+from latencylab.serve.batcher import now_reader
+
+__all__ = [
+    "Engine",
+    "GenRequest",
+    "Sampling",
+    "Scheduler",
+    "SchedulerConfig",
+    "Seq",
+    "StepReport",
+    "TooLarge",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Bounds of the running batch and of the work admitted (docs/serve.md, "Generative serving")."""
+
+    max_num_seqs: int = 8  # sequences in the running batch
+    kv_budget_tokens: int = 16384  # KV cache positions reserved by running sequences (prompt + max_tokens each)
+    prefill_chunk_tokens: int = 128  # prompt tokens prefilled per step (chunked prefill)
+    max_waiting: int = 256  # queued sequences beyond the running batch; more are shed ("queue_full")
+    margin_s: float = 0.02  # added to every TTFT prediction (timer, hand-over, first write)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.kv_budget_tokens < 2:
+            raise ValueError(f"kv_budget_tokens must be >= 2, got {self.kv_budget_tokens}")
+        if self.prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Token choice: greedy at temperature 0 (the default), else temperature + nucleus (top-p), seeded."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenRequest:
+    """One generation: prompt token ids, the output limit, sampling, EOS ids and the TTFT deadline."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: Sampling = Sampling()
+    eos_ids: frozenset[int] = frozenset()
+    ttft_deadline_ns: int | None = None  # absolute, on the scheduler's clock; None: no admission check
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV positions the sequence may use: its prompt and every output token but the last."""
+        return len(self.prompt_ids) + self.max_tokens - 1
+
+
+class TooLarge(ValueError):
+    """The request can never run: its KV reservation exceeds the whole budget (a 400, not a 503)."""
+
+
+@dataclass(eq=False, slots=True)
+class Seq:
+    """A sequence in the scheduler: its request, progress and times (ns, the scheduler's clock)."""
+
+    id: int
+    req: GenRequest
+    arrival_ns: int
+    tokens: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens already in the cache
+    state: str = "waiting"  # waiting -> prefill -> decode -> finished
+    joined_ns: int | None = None  # entered the running batch
+    first_token_ns: int | None = None
+    token_ns: list[int] = field(default_factory=list)  # time each token was chosen (end of its step)
+    finish_reason: str = ""  # "stop" (EOS or a stop string), "length", "cancelled"
+    finished_ns: int | None = None
+    cancel_reason: str = ""  # set by cancel()/stop(); applied at the next step
+    engine_state: Any = None  # the engine's per-sequence data (its KV cache)
+    generator: Any = None  # the engine's sampler state (a seeded torch.Generator)
+    user: Any = None  # the caller's handle (the HTTP layer's stream)
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.req.prompt_ids)
+
+
+class Engine(Protocol):
+    """The model behind the scheduler (genserve/engine.py has the real one; tests use a fake)."""
+
+    def prefill(self, seq: Seq, start: int, end: int) -> int | None:
+        """Run prompt tokens ``[start, end)`` of ``seq`` into its cache; at the prompt's end return the first
+        output token, else None."""
+
+    def decode(self, seqs: Sequence[Seq]) -> list[int]:
+        """One forward over every sequence (each has ``tokens[-1]`` not yet in its cache): the next token of each."""
+
+    def release(self, seq: Seq) -> None:
+        """Free ``seq``'s cache (it has left the batch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """What one step did: timings (ns), the batch, the tokens chosen and the sequences that ended."""
+
+    start_ns: int
+    end_ns: int
+    prefill_tokens: int
+    prefill_ns: int
+    decode_batch: int
+    decode_ns: int
+    tokens: tuple[tuple[Seq, int], ...]  # (sequence, token) in the order chosen
+    finished: tuple[Seq, ...]  # ended this step (including cancellations applied at its start)
+    joined: tuple[Seq, ...]  # entered the running batch this step
+    running: int  # sequences in the batch after the step
+    waiting: int
+    kv_reserved: int  # KV tokens reserved after the step
+    kv_used: int  # KV positions holding real tokens after the step
+
+
+class Scheduler:
+    """Continuous batching over an :class:`Engine` (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        cfg: SchedulerConfig | None = None,
+        clock: Clock | None = None,
+        costs: StepCosts | None = None,
+    ) -> None:
+        self.engine = engine
+        self.cfg = cfg or SchedulerConfig()
+        self.clock = clock or PerfCounterClock()
+        self.now_ns = now_reader(self.clock)
+        self.costs = costs or StepCosts()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self._cancelled: list[Seq] = []  # cancelled while waiting: reported by the next step
+        self.kv_reserved = 0
+        self.work = threading.Condition(self._lock)  # notified when something is submitted or cancelled
+
+    # -- the caller's side (any thread) --------------------------------------------------------------------
+
+    def submit(self, req: GenRequest, now: int | None = None, user: Any = None) -> Seq:
+        """Queue ``req``, or raise :class:`Shed` (queue full; predicted TTFT past its deadline) or
+        :class:`TooLarge` (it could never fit the KV budget)."""
+        if req.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
+        if not req.prompt_ids:
+            raise ValueError("the prompt has no tokens")
+        if req.kv_tokens > self.cfg.kv_budget_tokens:
+            raise TooLarge(
+                f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) needs {req.kv_tokens} KV "
+                f"positions, more than the server's KV budget of {self.cfg.kv_budget_tokens}"
+            )
+        with self._lock:
+            now = self.now_ns() if now is None else now
+            if len(self.waiting) >= self.cfg.max_waiting:
+                raise Shed("queue_full", max(0.1, self._predicted_ttft_s(req) or 1.0))
+            if req.ttft_deadline_ns is not None:
+                ttft = self._predicted_ttft_s(req)
+                finish = now + int((ttft + self.cfg.margin_s) * 1e9)
+                if finish > req.ttft_deadline_ns:
+                    raise Shed("deadline", max(0.1, ttft))
+            seq = Seq(next(self._ids), req, now, user=user)
+            self.waiting.append(seq)
+            self.work.notify_all()
+        return seq
+
+    def cancel(self, seq: Seq, reason: str = "cancelled") -> None:
+        """End ``seq`` at the next step (its client left): its slot and KV reservation are freed then."""
+        with self._lock:
+            if seq.finished or seq.cancel_reason:
+                return
+            seq.cancel_reason = reason
+            if seq.state == "waiting" and seq in self.waiting:
+                self.waiting.remove(seq)
+                self._cancelled.append(seq)
+            self.work.notify_all()
+
+    def stop(self, seq: Seq) -> None:
+        """End ``seq`` at the next step as a normal finish (the caller saw a stop string)."""
+        self.cancel(seq, "stop")
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self.waiting or self.running or self._cancelled)
+
+    def wait_for_work(self, timeout_s: float) -> bool:
+        """Block (up to ``timeout_s``) until there is something to step; True if there is."""
+        with self._lock:
+            if not (self.waiting or self.running or self._cancelled):
+                self.work.wait(timeout_s)
+            return bool(self.waiting or self.running or self._cancelled)
+
+    def predicted_ttft_s(self, req: GenRequest) -> float:
+        with self._lock:
+            return self._predicted_ttft_s(req)
+
+    @property
+    def kv_used(self) -> int:
+        return sum(s.prefilled + max(0, len(s.tokens) - 1) for s in self.running)
+
+    # -- admission's prediction (under the lock) ----------------------------------------------------------
+
+    def _expected_steps(self, s: Seq) -> float:
+        """Decode steps ``s`` is still expected to take (its expected output less what it has produced)."""
+        expected = max(1.0, self.costs.output_fraction * s.req.max_tokens)
+        return max(1.0, expected - len(s.tokens))
+
+    def _predicted_ttft_s(self, req: GenRequest) -> float:
+        """Seconds from now to ``req``'s first token if queued now (see the module docstring)."""
+        cfg, costs = self.cfg, self.costs
+        slots = cfg.max_num_seqs
+        ahead = list(self.running) + list(self.waiting)
+        batch = min(slots, len(ahead) + 1)
+        step_s = costs.decode_s(batch)
+        pending_prefill = sum(s.prompt_len - s.prefilled for s in ahead if s.state in ("waiting", "prefill"))
+        own = len(req.prompt_ids)
+        chunk = cfg.prefill_chunk_tokens
+        if len(ahead) < slots:  # a slot is free: the prefills ahead, then its own, a chunk per step
+            work = pending_prefill + own
+            steps = math.ceil(work / chunk)
+            return (
+                costs.prefill_s(work) + (math.ceil(own / chunk) - 1) * costs.prefill_overhead_s + (steps - 1) * step_s
+            )
+        # every slot taken: when does one free? simulate the slots in decode steps
+        heap = [self._expected_steps(s) for s in self.running]
+        heap += [0.0] * (slots - len(heap))
+        heapq.heapify(heap)
+        for s in self.waiting:
+            free = heapq.heappop(heap)
+            heapq.heappush(heap, free + math.ceil(s.prompt_len / chunk) + self._expected_steps(s))
+        wait_s = heapq.heappop(heap) * step_s + costs.prefill_s(pending_prefill)
+        own_steps = math.ceil(own / chunk)
+        return wait_s + costs.prefill_s(own) + (own_steps - 1) * (step_s + costs.prefill_overhead_s)
+
+    # -- the worker's side ----------------------------------------------------------------------------------
+
+    def step(self) -> StepReport | None:
+        """One iteration (see the module docstring); None when there was nothing to do."""
+        start = self.now_ns()
+        with self._lock:
+            cancelled = self._apply_cancellations(start)
+            joined = self._admit(start)
+            prefilling = [s for s in self.running if s.state == "prefill"]
+            decoding = [s for s in self.running if s.state == "decode"]
+        for s in cancelled:
+            self.engine.release(s)
+        if not (prefilling or decoding or cancelled):
+            return None
+        ended: list[Seq] = []  # finished by this step's tokens
+        tokens: list[tuple[Seq, int]] = []
+        # prefill: the oldest sequences first, up to the token budget
+        budget = self.cfg.prefill_chunk_tokens
+        t0 = self.now_ns()
+        prefill_tokens = 0
+        for s in prefilling:
+            if budget <= 0:
+                break
+            end = min(s.prompt_len, s.prefilled + budget)
+            c0 = self.now_ns()
+            first = self.engine.prefill(s, s.prefilled, end)
+            c1 = self.now_ns()
+            self.costs.observe_prefill(end - s.prefilled, (c1 - c0) / 1e9)
+            budget -= end - s.prefilled
+            prefill_tokens += end - s.prefilled
+            s.prefilled = end
+            if end == s.prompt_len:
+                if first is None:
+                    raise RuntimeError("the engine gave no first token at the end of a prompt")
+                s.state = "decode"
+                s.first_token_ns = c1
+                self._take(s, first, c1, tokens, ended)
+        t1 = self.now_ns()
+        # decode: one forward over the sequences whose prefill ended before this step
+        live = [s for s in decoding if not s.finished]
+        if live:
+            out = self.engine.decode(live)
+            t2 = self.now_ns()
+            self.costs.observe_decode(len(live), (t2 - t1) / 1e9)
+            for s, tok in zip(live, out, strict=True):
+                self._take(s, tok, t2, tokens, ended)
+        else:
+            t2 = t1
+        with self._lock:
+            for s in ended:
+                if s in self.running:
+                    self.running.remove(s)
+                    self.kv_reserved -= s.req.kv_tokens
+            running, waiting, reserved = len(self.running), len(self.waiting), self.kv_reserved
+        for s in ended:
+            self.engine.release(s)
+            self.costs.observe_finish(len(s.tokens), s.req.max_tokens)
+        return StepReport(
+            start, t2, prefill_tokens, t1 - t0, len(live), t2 - t1, tuple(tokens), (*cancelled, *ended), tuple(joined),
+            running, waiting, reserved, self.kv_used,
+        )  # fmt: skip
+
+    def _apply_cancellations(self, now: int) -> list[Seq]:
+        out = list(self._cancelled)
+        self._cancelled = []
+        for s in list(self.running):
+            if s.cancel_reason:
+                self.running.remove(s)
+                self.kv_reserved -= s.req.kv_tokens
+                out.append(s)
+        for s in out:
+            s.state = "finished"
+            s.finish_reason = s.cancel_reason
+            s.finished_ns = now
+        return out
+
+    def _admit(self, now: int) -> list[Seq]:
+        joined = []
+        cfg = self.cfg
+        while self.waiting and len(self.running) < cfg.max_num_seqs:
+            head = self.waiting[0]
+            if self.kv_reserved + head.req.kv_tokens > cfg.kv_budget_tokens:
+                break  # first come first served: the head waits for room, nothing overtakes it
+            self.waiting.popleft()
+            head.state = "prefill"
+            head.joined_ns = now
+            self.kv_reserved += head.req.kv_tokens
+            self.running.append(head)
+            joined.append(head)
+        return joined
+
+    def _take(self, s: Seq, tok: int, t: int, tokens: list[tuple[Seq, int]], finished: list[Seq]) -> None:
+        s.tokens.append(tok)
+        s.token_ns.append(t)
+        tokens.append((s, tok))
+        reason = ""
+        if tok in s.req.eos_ids:
+            reason = "stop"
+        elif len(s.tokens) >= s.req.max_tokens:
+            reason = "length"
+        if reason:
+            s.state = "finished"
+            s.finish_reason = reason
+            s.finished_ns = t
+            finished.append(s)
