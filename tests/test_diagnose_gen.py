@@ -70,6 +70,7 @@ def test_one_stream_at_a_time_stalls_on_the_reference_server(tmp_path: Path) -> 
     path = res.save(tmp_path / "g.json")
     (f,) = [x for x in diagnose_results([loaded(json.loads(path.read_text()), str(path))]) if x.rule == "token-stalls"]
     stalls = res.summary["tokens"]["stalls"]
-    assert stalls["gaps"] == stalls["streams"] == res.summary["ok"] // 3
-    assert f.details["kind"] == "single" and all(w["streams"] == 1 for w in stalls["windows"])
-    assert all(abs(w["duration_ms"] - 310) < 30 for w in stalls["windows"])
+    planted = [w for w in stalls["windows"] if abs(w["duration_ms"] - 310) < 30]
+    # each planted stall is found; a busy machine may add a wake-up hiccup of its own beside them
+    assert len(planted) == res.summary["ok"] // 3 and all(w["streams"] == 1 for w in planted)
+    assert f.details["kind"] == "single" and "one stream at a time" in f.title

@@ -55,13 +55,16 @@ def _require_llamacpp() -> Path:
 
 @pytest.fixture(scope="module")
 def llamacpp() -> Iterator[str]:
+    """The server, configured to serve under load: llama-cpp-python's default ``--interrupt_requests True``
+    ends the stream in progress (``data: [DONE]``, then the connection is cut) whenever another request
+    arrives, so any two overlapping requests lose one answer; with False they queue for the model's lock."""
     gguf = _require_llamacpp()
     port = free_ports(1)[0]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
             [str(PYTHON), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL, "--host", HOST,
-             "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", "1"],
+             "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", "1", "--interrupt_requests", "False"],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
         url = f"http://{HOST}:{port}"

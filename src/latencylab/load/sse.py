@@ -346,7 +346,12 @@ class StreamConnection(Connection):
                 self._finish(time.perf_counter_ns(), close=True)
                 return
             n = len(self._trace.chunk_ns)
-            self._trace.fail(f"stream closed early after {n} token chunk(s): {exc or 'connection closed by server'}")
+            # "and [DONE]": the server ended the stream and then cut the body (llama-cpp-python does when a new
+            # request interrupts the one in progress): the answer was cut short, so it is still an error
+            done = " and [DONE]" if self._trace.saw_end else ""
+            self._trace.fail(
+                f"stream closed early after {n} token chunk(s){done}: {exc or 'connection closed by server'}"
+            )
         super().connection_lost(exc)  # -> _fail: the trace goes to the sink, the request ends as an error
 
     def _fail(self, reason: str) -> None:
