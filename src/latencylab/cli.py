@@ -98,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="Open Inference Protocol server with batching and an SLO ladder")
     sv.add_argument("--config", help="TOML model repository config (see docs/serve.md)")
-    sv.add_argument("--model", choices=["text", "vision"], help="serve one built-in model with its default ladder")
+    sv.add_argument(
+        "--model",
+        choices=["text", "vision", "gen"],
+        help="serve one built-in model with its default ladder (gen: SmolLM2, continuous batching, OpenAI API)",
+    )
     sv.add_argument(
         "--from",
         dest="from_dir",

@@ -77,12 +77,17 @@ class FakeEngine:
 
 
 class FakeTokenizer:
-    """One token per character (ids = code points + 10, clear of EOS); ``decode`` inverts it."""
+    """One token per character (ids = code points + 10, clear of EOS; the engine's output ids from
+    ``FIRST_TOKEN`` read as "abc..."): the ``Codec`` of genserve.service."""
 
     eos_token_id = EOS
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) + 10 for c in text]
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(i - 10) for i in ids if i != EOS and i >= 10)
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        return self.encode("\n".join(m["content"] for m in messages))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(ord("a") + (i - FIRST_TOKEN) % 26) if i >= FIRST_TOKEN else chr(i - 10) for i in ids
+                       if i != EOS)  # fmt: skip

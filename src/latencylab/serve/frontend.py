@@ -90,6 +90,10 @@ def apply_process_settings(cfg: ServerConfig) -> None:
 
 
 def run_serve_command(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None) == "gen":  # a generative model: continuous batching, OpenAI API (genserve/)
+        from latencylab.genserve.server import run_gen_serve
+
+        return run_gen_serve(args)
     from latencylab.serve.app import build_state, run_server
 
     cfg = config_from_args(args)

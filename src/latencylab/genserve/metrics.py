@@ -1,0 +1,99 @@
+"""Prometheus metrics of the generative server (one registry per server; docs/metrics.md, "Generative serving").
+
+Server-side token times are on the scheduler's clock: TTFT from the handler's start to the end of the step
+that chose the first token; ITL between the steps that chose consecutive tokens; TPOT = (last - first) /
+(tokens - 1) per request; queue = handler start to joining the running batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from latencylab.genserve.scheduler import Seq, StepReport
+
+_TIME = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+         10.0, 20.0)  # fmt: skip
+
+
+class GenMetrics:
+    def __init__(self, model: str, kv_budget_tokens: int) -> None:
+        self.model = model
+        self.kv_budget = kv_budget_tokens
+        self.registry = r = CollectorRegistry()
+        labels = ["model"]
+
+        def hist(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, labels, buckets=_TIME, registry=r)
+
+        self.ttft = hist("latencylab_gen_ttft_seconds", "Handler start to the first output token chosen.")
+        self.tpot = hist("latencylab_gen_tpot_seconds", "(last token - first token) / (tokens - 1) per request.")
+        self.itl = hist("latencylab_gen_itl_seconds", "Time between consecutive tokens of a request.")
+        self.queue = hist("latencylab_gen_queue_seconds", "Handler start to joining the running batch.")
+        self.prefill_step = hist("latencylab_gen_prefill_step_seconds", "Prefill part of a step (its chunks).")
+        self.decode_step = hist("latencylab_gen_decode_step_seconds", "Decode forward of a step (whole batch).")
+        self.batch = Histogram(
+            "latencylab_gen_decode_batch_size", "Sequences per decode step.", labels,
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), registry=r,
+        )  # fmt: skip
+        self.running = Gauge("latencylab_gen_running_seqs", "Sequences in the running batch.", labels, registry=r)
+        self.waiting = Gauge("latencylab_gen_waiting_seqs", "Sequences queued for a slot.", labels, registry=r)
+        self.kv_usage = Gauge(
+            "latencylab_gen_kv_usage_ratio", "KV positions reserved by running sequences / the KV budget.", labels,
+            registry=r,
+        )  # fmt: skip
+        self.kv_used = Gauge("latencylab_gen_kv_used_tokens", "KV positions holding real tokens.", labels, registry=r)
+        self.tokens = Counter("latencylab_gen_tokens", "Tokens processed, by kind.", ["model", "kind"], registry=r)
+        self.tokens_per_s = Gauge(
+            "latencylab_gen_output_tokens_per_second",
+            "Output tokens per second over the last 10 s.",
+            labels,
+            registry=r,
+        )
+        self.requests = Counter(
+            "latencylab_gen_requests", "Answered requests by status code and finish reason.",
+            ["model", "code", "finish"], registry=r,
+        )  # fmt: skip
+        self.shed = Counter("latencylab_gen_shed", "Requests refused (503) by reason.", ["model", "reason"], registry=r)
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def observe_step(self, rep: StepReport) -> None:
+        m = self.model
+        if rep.prefill_tokens:
+            self.prefill_step.labels(m).observe(rep.prefill_ns / 1e9)
+            self.tokens.labels(m, "prompt").inc(rep.prefill_tokens)
+        if rep.decode_batch:
+            self.decode_step.labels(m).observe(rep.decode_ns / 1e9)
+            self.batch.labels(m).observe(rep.decode_batch)
+        n = len(rep.tokens)
+        if n:
+            self.tokens.labels(m, "completion").inc(n)
+        for s, _ in rep.tokens:
+            if len(s.token_ns) >= 2:
+                self.itl.labels(m).observe((s.token_ns[-1] - s.token_ns[-2]) / 1e9)
+        for s in rep.joined:
+            if s.joined_ns is not None:
+                self.queue.labels(m).observe((s.joined_ns - s.arrival_ns) / 1e9)
+        for s in rep.finished:
+            self.observe_finish(s)
+        self.running.labels(m).set(rep.running)
+        self.waiting.labels(m).set(rep.waiting)
+        self.kv_usage.labels(m).set(rep.kv_reserved / self.kv_budget)
+        self.kv_used.labels(m).set(rep.kv_used)
+        now = time.monotonic()
+        self._recent.append((now, n))
+        while self._recent and self._recent[0][0] < now - 10.0:
+            self._recent.popleft()
+        self.tokens_per_s.labels(m).set(sum(k for _, k in self._recent) / 10.0)
+
+    def observe_finish(self, s: Seq) -> None:
+        m = self.model
+        if s.first_token_ns is not None:
+            self.ttft.labels(m).observe((s.first_token_ns - s.arrival_ns) / 1e9)
+        if len(s.token_ns) >= 2:
+            self.tpot.labels(m).observe((s.token_ns[-1] - s.token_ns[0]) / (len(s.token_ns) - 1) / 1e9)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

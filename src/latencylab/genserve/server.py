@@ -1,0 +1,145 @@
+"""``latencylab serve --model gen``: load SmolLM2, warm the scheduler's cost model, serve on uvicorn.
+
+:func:`build_service` makes the service (real model or, for tests, any engine and codec);
+:func:`serve_in_thread` runs an app on a real uvicorn in a thread (tests, benchmarks); :func:`run_gen_serve`
+is the CLI's entry (serve/frontend.py hands ``--model gen`` here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from latencylab.errors import LatencyLabError
+from latencylab.genserve.scheduler import SchedulerConfig
+from latencylab.genserve.service import GenServeConfig, GenService, HfCodec
+
+log = logging.getLogger("latencylab.genserve")
+
+
+def config_from_args(args: argparse.Namespace) -> GenServeConfig:
+    """``serve --model gen`` flags: --max-batch-size is max_num_seqs, --slo-ms the TTFT deadline (ms)."""
+    sched = SchedulerConfig(max_num_seqs=getattr(args, "max_batch_size", None) or 8)
+    over: dict[str, Any] = {"sched": sched}
+    for key, attr in (("host", "host"), ("port", "port"), ("token_env", "token_env"), ("threads", "threads")):
+        v = getattr(args, attr, None)
+        if v is not None:
+            over[key] = v
+    slo_ms = getattr(args, "slo_ms", None)
+    if slo_ms is not None:
+        over["ttft_slo_s"] = slo_ms / 1e3
+    return GenServeConfig(**over)
+
+
+def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> GenService:
+    """The service over SmolLM2 (``lm``: a ``LoadedModel``; default: ``load_model()``), warmed up."""
+    import dataclasses
+
+    from latencylab.genserve.engine import TorchEngine
+    from latencylab.workloads.gen import context_window
+    from latencylab.workloads.gen_decode import eos_ids
+    from latencylab.workloads.gen_model import MODEL_NAME, load_model
+
+    if lm is None:
+        lm = load_model()
+    window = context_window(lm.model)
+    cfg = dataclasses.replace(
+        cfg, context_window=min(window, cfg.context_window) if window else cfg.context_window,
+        aliases=tuple(dict.fromkeys((*cfg.aliases, MODEL_NAME))),
+        max_tokens_limit=min(cfg.max_tokens_limit, window),
+    )  # fmt: skip
+    svc = GenService(cfg, HfCodec(lm.tokenizer), TorchEngine(lm.model), eos_ids(lm.tokenizer, lm.model))
+    if warmup:
+        svc.warmup()
+    return svc
+
+
+def uvicorn_config(app: Any) -> Any:
+    import uvicorn
+
+    from latencylab.serve.limits import HttpLimits, guarded_protocol
+
+    limits = HttpLimits()
+    return uvicorn.Config(
+        app, log_level="warning", access_log=False, loop="uvloop", http=guarded_protocol(limits),
+        timeout_keep_alive=limits.keep_alive_s, timeout_graceful_shutdown=30, lifespan="on",
+    )  # fmt: skip
+
+
+def token_of(cfg: GenServeConfig) -> str | None:
+    if not cfg.token_env:
+        return None
+    token = os.environ.get(cfg.token_env)
+    if not token:
+        raise LatencyLabError(f"--token-env {cfg.token_env!r}: the variable is empty")
+    return token
+
+
+@contextmanager
+def serve_in_thread(svc: GenService, token: str | None = None) -> Iterator[str]:
+    """Serve ``svc`` on 127.0.0.1 (any free port) in a thread; yields its base URL."""
+    import uvicorn
+
+    from latencylab.genserve.app import lifespan_gen_app
+    from latencylab.serve.app import bind
+
+    server = uvicorn.Server(uvicorn_config(lifespan_gen_app(svc, token)))
+    sock = bind("127.0.0.1", 0)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    give_up = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < give_up:
+        time.sleep(0.01)
+    if not server.started:
+        raise RuntimeError("the generative server did not start")
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def run_gen_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from latencylab.genserve.app import lifespan_gen_app
+    from latencylab.serve.app import bind
+
+    cfg = config_from_args(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    sys.setswitchinterval(0.001)
+    if cfg.threads is not None:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    token = token_of(cfg)
+    svc = build_service(cfg)
+    sock = bind(cfg.host, cfg.port)
+    server = uvicorn.Server(uvicorn_config(lifespan_gen_app(svc, token)))
+
+    async def serve() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            s = svc.cfg.sched
+            print(f"listening http://{cfg.host}:{sock.getsockname()[1]}", flush=True)
+            print(
+                f"  model {svc.cfg.model_name} ({', '.join(svc.cfg.aliases)}): continuous batching, max_num_seqs "
+                f"{s.max_num_seqs}, prefill chunk {s.prefill_chunk_tokens} tokens, KV budget {s.kv_budget_tokens} "
+                f"tokens, TTFT SLO {svc.cfg.ttft_slo_s:g} s",
+                flush=True,
+            )
+        await task
+
+    asyncio.run(serve())
+    print("server stopped", file=sys.stderr)
+    return 0

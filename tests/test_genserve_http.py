@@ -1,0 +1,284 @@
+"""The generative server's HTTP layer on a real uvicorn, over the fake engine (no model): OpenAI and OIP routes,
+streaming, stop strings, bad input as 4xx JSON, shedding, disconnects, and the load generator driving it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from latencylab.genserve.fake import FakeEngine, FakeTokenizer
+from latencylab.genserve.scheduler import SchedulerConfig
+from latencylab.genserve.server import serve_in_thread
+from latencylab.genserve.service import GenServeConfig, GenService
+
+REPLY = 5  # the fake reply: "abcd" then EOS
+
+
+def make_service(reply: int = REPLY, **over: Any) -> GenService:
+    eng = FakeEngine(None, prefill_ns_per_token=20_000, decode_base_ns=2_000_000, decode_ns_per_seq=100_000,
+                     reply_len=lambda s: reply)  # fmt: skip
+    cfg = GenServeConfig(
+        sched=over.pop("sched", SchedulerConfig(max_num_seqs=4)), context_window=over.pop("context_window", 200),
+        max_tokens_limit=over.pop("max_tokens_limit", 100), **over,
+    )  # fmt: skip
+    svc = GenService(cfg, FakeTokenizer(), eng, frozenset({2}))
+    svc.warmup(prompt_tokens=8, max_tokens=2)
+    return svc
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with serve_in_thread(make_service()) as u:
+        yield u
+
+
+def post(url: str, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request("POST", path, raw, {"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    out = resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    conn.close()
+    return out
+
+
+def get(url: str, path: str) -> tuple[int, bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    return resp.status, resp.read()
+
+
+def events(body: bytes) -> list[Any]:
+    out = []
+    for block in body.decode().split("\n\n"):
+        if block.startswith("data: "):
+            data = block[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_models_lists_the_served_model(url: str) -> None:
+    status, body = get(url, "/v1/models")
+    assert status == 200 and [m["id"] for m in json.loads(body)["data"]] == ["gen"]
+
+
+def test_completions_whole_answer_with_usage(url: str) -> None:
+    status, _, body = post(url, "/v1/completions", {"model": "gen", "prompt": "hello", "max_tokens": 10})
+    obj = json.loads(body)
+    assert status == 200 and obj["object"] == "text_completion"
+    assert obj["choices"][0]["text"] == "abcd" and obj["choices"][0]["finish_reason"] == "stop"
+    assert obj["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+
+
+def test_chat_stream_chunks_usage_and_done(url: str) -> None:
+    req = {"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "stream": True,
+           "stream_options": {"include_usage": True}}  # fmt: skip
+    status, headers, body = post(url, "/v1/chat/completions", req)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    ev = events(body)
+    assert ev[-1] == "[DONE]"
+    assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = [e["choices"][0]["delta"].get("content") for e in ev[1:-3]]
+    assert text == ["a", "b", "c", "d"]  # one token per chunk
+    assert ev[-3]["choices"][0]["finish_reason"] == "stop" and ev[-3]["choices"][0]["delta"] == {}
+    assert ev[-2]["choices"] == [] and ev[-2]["usage"]["completion_tokens"] == 4
+    assert all(e["object"] == "chat.completion.chunk" for e in ev[:-1])
+
+
+def test_max_tokens_and_stop_strings(url: str) -> None:
+    _, _, body = post(url, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    choice = json.loads(body)["choices"][0]
+    assert choice["text"] == "ab" and choice["finish_reason"] == "length"
+    _, _, body = post(url, "/v1/completions", {"prompt": "x", "max_tokens": 10, "stop": ["cd", "zz"]})
+    choice = json.loads(body)["choices"][0]
+    assert choice["text"] == "ab" and choice["finish_reason"] == "stop"
+    # streamed: the held-back "c" (a possible start of "cd") is never sent
+    _, _, body = post(url, "/v1/completions", {"prompt": "x", "max_tokens": 10, "stop": "cd", "stream": True})
+    texts = "".join(e["choices"][0]["text"] for e in events(body)[:-1])
+    assert texts == "ab"
+
+
+def test_seeded_sampling_parameters_are_accepted(url: str) -> None:
+    status, _, _ = post(url, "/v1/completions", {"prompt": "x", "temperature": 0.7, "top_p": 0.9, "seed": 3})
+    assert status == 200
+
+
+def test_oip_generate_and_generate_stream(url: str) -> None:
+    status, _, body = post(url, "/v2/models/gen/generate", {"text_input": "hi", "parameters": {"max_tokens": 3}})
+    obj = json.loads(body)
+    assert status == 200 and obj["text_output"] == "abc" and obj["finish_reason"] == "length"
+    status, _, body = post(url, "/v2/models/gen/generate_stream", {"text_input": "hi", "parameters": {"stream": True}})
+    ev = events(body)
+    assert status == 200 and [e["text_output"] for e in ev] == ["a", "b", "c", "d", ""]
+    assert ev[-1]["finish_reason"] == "stop"
+    status, _, body = post(url, "/v2/models/nope/generate", {"text_input": "hi"})
+    assert status == 404 and "unknown model" in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "needle"),
+    [
+        ("/v1/completions", {"prompt": "y" * 250}, 400, "context window of 200"),
+        ("/v1/completions", {"prompt": "y" * 150, "max_tokens": 60}, 400, "context window of 200"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "at least 1"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": -3}, 400, "at least 1"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 101}, 400, "limit of 100"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, 400, "whole number"),
+        ("/v1/completions", {"prompt": "x", "max_token": 5}, 400, "unknown field 'max_token'"),
+        ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n must be 1"),
+        ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
+        ("/v1/completions", {"prompt": "x", "model": "gpt-9"}, 404, "unknown model"),
+        ("/v1/completions", b"{not json", 400, "not valid JSON"),
+        ("/v1/completions", [1, 2], 400, "JSON object"),
+        ("/v1/chat/completions", {"messages": []}, 400, "non-empty list"),
+        ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "content must be a string"),
+        ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "role must be one of"),
+        ("/v1/chat/completions", {"messages": ["hi"]}, 400, "messages[0]"),
+        ("/v2/models/gen/generate", {"text_input": "x", "parameters": {"max_tokens": 0}}, 400, "at least 1"),
+        ("/v2/models/gen/generate", {"text_input": "x", "parameters": {"bogus": 1}}, 400, "unknown field 'bogus'"),
+    ],
+)
+def test_bad_input_is_a_4xx_json_answer(url: str, path: str, body: Any, status: int, needle: str) -> None:
+    got, headers, raw = post(url, path, body)
+    assert got == status and headers["content-type"] == "application/json"
+    obj = json.loads(raw)
+    message = obj["error"]["message"] if isinstance(obj["error"], dict) else obj["error"]
+    assert needle in message
+
+
+def test_a_body_over_the_size_limit_is_413_before_it_is_read(url: str) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 2000000\r\n\r\n{")  # fmt: skip
+        got = b""
+        while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 413") and b"exceeds the limit of 1048576 bytes" in got
+
+
+def test_metrics_expose_token_times_and_batch_state(url: str) -> None:
+    post(url, "/v1/completions", {"prompt": "x", "max_tokens": 5})
+    status, body = get(url, "/metrics")
+    text = body.decode()
+    assert status == 200
+    for name in ("latencylab_gen_ttft_seconds_bucket", "latencylab_gen_tpot_seconds", "latencylab_gen_itl_seconds",
+                 "latencylab_gen_queue_seconds", "latencylab_gen_prefill_step_seconds",
+                 "latencylab_gen_decode_step_seconds", "latencylab_gen_running_seqs", "latencylab_gen_waiting_seqs",
+                 "latencylab_gen_output_tokens_per_second", "latencylab_gen_kv_usage_ratio"):  # fmt: skip
+        assert name in text, name
+
+
+def test_bearer_token_is_required_when_set() -> None:
+    with serve_in_thread(make_service(), token="s3cret") as u:
+        assert post(u, "/v1/completions", {"prompt": "x"})[0] == 401
+        status, _, _ = post(u, "/v1/completions", {"prompt": "x"}, {"Authorization": "Bearer s3cret"})
+        assert status == 200
+
+
+def test_admission_sheds_with_503_and_retry_after() -> None:
+    svc = make_service(ttft_slo_s=0.001)
+    svc.sched.costs.prefill_per_token_s = 0.01  # 10 ms a token: any prompt misses a 1-ms TTFT deadline
+    with serve_in_thread(svc) as u:
+        status, headers, body = post(u, "/v1/completions", {"prompt": "hello"})
+    assert status == 503 and int(headers["retry-after"]) >= 1 and "overloaded (deadline)" in body.decode()
+
+
+def test_a_client_that_disconnects_frees_its_slot_within_a_step() -> None:
+    svc = make_service(reply=10_000, max_tokens_limit=5000, context_window=6000)
+    with serve_in_thread(svc) as u:
+        host, port = u.removeprefix("http://").split(":")
+        body = json.dumps({"prompt": "x", "max_tokens": 5000, "stream": True}).encode()
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        assert b"data: " in sock.recv(4096)
+        assert len(svc.sched.running) == 1
+        seq = svc.sched.running[0]
+        sock.close()
+        give_up = time.monotonic() + 2
+        while svc.sched.running and time.monotonic() < give_up:
+            time.sleep(0.005)
+        assert not svc.sched.running and seq.finish_reason == "cancelled"
+        # freed at the first step after the disconnect: a step is ~2 ms here, so it produced few more tokens
+        produced_after = len(seq.tokens)
+        assert produced_after < 5000
+
+
+def test_a_slow_reader_does_not_hold_up_the_batch() -> None:
+    n = 2000  # ~300 KB of SSE: more than the socket buffers hold while the client reads nothing
+    svc = make_service(reply=n + 1, max_tokens_limit=n, context_window=4 * n)
+    with serve_in_thread(svc) as u:
+        host, port = u.removeprefix("http://").split(":")
+        body = json.dumps({"prompt": "x", "max_tokens": n, "stream": True}).encode()
+        slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.connect((host, int(port)))
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        time.sleep(0.05)  # the slow client reads nothing while another request is served
+        t0 = time.monotonic()
+        status, _, raw = post(u, "/v1/completions", {"prompt": "y", "max_tokens": 300})
+        fast_s = time.monotonic() - t0
+        assert status == 200 and len(json.loads(raw)["choices"][0]["text"]) == 300
+        assert fast_s < 5
+        # the unread stream kept generating to its end without its client reading
+        give_up = time.monotonic() + 20
+        while svc.sched.running and time.monotonic() < give_up:
+            time.sleep(0.01)
+        assert not svc.sched.running
+        slow.settimeout(10)
+        got = b""
+        while b"[DONE]" not in got:
+            chunk = slow.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        slow.close()
+        assert b"[DONE]" in got and b'"finish_reason": "length"' in got
+
+
+def counts_of(obj: Any) -> dict[str, Any]:
+    """The load result's summary (the dict with sent / ok / shed / error counts), wherever it sits."""
+    if isinstance(obj, dict):
+        if "sent" in obj and "ok" in obj:
+            return obj
+        for v in obj.values():
+            found = counts_of(v)
+            if found:
+                return found
+    return {}
+
+
+def run_load(url: str, out: Any, *extra: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "latencylab", "load", "--url", url, "--model", "gen", "--json", str(out), *extra],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return dict(json.loads(out.read_text()))
+
+
+def test_the_load_generator_drives_it_unchanged(url: str, tmp_path: Any) -> None:
+    for api in ("chat", "completions", "generate_stream"):
+        result = run_load(url, tmp_path / f"{api}.json", "--api", api, "--rate", "20", "--duration", "1",
+                          "--max-tokens", "8")  # fmt: skip
+        c = counts_of(result)
+        assert c["sent"] > 5 and c["ok"] == c["sent"], (api, c)
+        assert "ttft" in json.dumps(result).lower()
