@@ -90,7 +90,7 @@ def test_chat_stream_chunks_usage_and_done(url: str) -> None:
     assert ev[-1] == "[DONE]"
     assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     text = [e["choices"][0]["delta"].get("content") for e in ev[1:-3]]
-    assert text == ["a", "b", "c", "d"]  # one token per chunk
+    assert "".join(text) == "abcd" and all(text)  # a chunk per token (fewer only if the writer fell behind)
     assert ev[-3]["choices"][0]["finish_reason"] == "stop" and ev[-3]["choices"][0]["delta"] == {}
     assert ev[-2]["choices"] == [] and ev[-2]["usage"]["completion_tokens"] == 4
     assert all(e["object"] == "chat.completion.chunk" for e in ev[:-1])
@@ -120,7 +120,7 @@ def test_oip_generate_and_generate_stream(url: str) -> None:
     assert status == 200 and obj["text_output"] == "abc" and obj["finish_reason"] == "length"
     status, _, body = post(url, "/v2/models/gen/generate_stream", {"text_input": "hi", "parameters": {"stream": True}})
     ev = events(body)
-    assert status == 200 and [e["text_output"] for e in ev] == ["a", "b", "c", "d", ""]
+    assert status == 200 and "".join(e["text_output"] for e in ev) == "abcd" and ev[-1]["text_output"] == ""
     assert ev[-1]["finish_reason"] == "stop"
     status, _, body = post(url, "/v2/models/nope/generate", {"text_input": "hi"})
     assert status == 404 and "unknown model" in json.loads(body)["error"]
