@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The MLServer peer's own venv (tests/test_peer_mlserver.py); its set-up script writes this stamp.
 MLSERVER_STAMP := benchmarks/.venvs/mlserver/.installed
+# llama.cpp's OpenAI-compatible server (tests/test_peer_llamacpp.py), in its own venv; its script writes this stamp.
+LLAMACPP_STAMP := benchmarks/.venvs/llamacpp/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 # Model caches (the digits CNN, the SmolLM2 conversion, this machine's peaks) live in the checkout, git-ignored;
@@ -32,7 +34,16 @@ $(MLSERVER_STAMP): benchmarks/peers/mlserver_setup.sh
 	bash benchmarks/peers/mlserver_setup.sh
 	touch $@
 
-peers: $(MLSERVER_STAMP)
+# llama-cpp-python builds llama.cpp from source: ~20 min on 2 cores, once. A failed build does not stop make: its
+# reason is kept in benchmarks/.venvs/llamacpp.failed and the interop tests skip, quoting it.
+$(LLAMACPP_STAMP): benchmarks/peers/llamacpp_setup.sh benchmarks/peers/_setup_common.sh
+	@mkdir -p benchmarks/.venvs && rm -f benchmarks/.venvs/llamacpp.failed
+	bash benchmarks/peers/llamacpp_setup.sh > benchmarks/.venvs/llamacpp-setup.log 2>&1 \
+		|| { tail -n 3 benchmarks/.venvs/llamacpp-setup.log > benchmarks/.venvs/llamacpp.failed; \
+		     echo "llama.cpp peer NOT built (the interop tests will skip):"; cat benchmarks/.venvs/llamacpp.failed; }
+	@tail -n 1 benchmarks/.venvs/llamacpp-setup.log
+
+peers: $(MLSERVER_STAMP) $(LLAMACPP_STAMP)
 
 # What the built-in workloads build on first use, built once (a cache hit takes seconds): `latencylab prepare`.
 prepare: $(STAMP)
@@ -50,7 +61,7 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # Everything: the fast tier and the slow one (real models, servers, the browser, the MLServer peer).
-test: $(STAMP) $(MLSERVER_STAMP) system-deps prepare
+test: $(STAMP) $(MLSERVER_STAMP) $(LLAMACPP_STAMP) system-deps prepare
 	$(BIN)/python -m pytest -q
 
 # Unit tests only (fake clocks, fake variants, no real model, server process or browser): under 2 minutes.
