@@ -25,8 +25,9 @@ def test_token_gate_aliases_parse() -> None:
 
 
 def _docs():  # type: ignore[no-untyped-def]
-    a = synthetic_gen_result(ttft_ms=100, gap_ms=20, seed=1).to_dict()
-    b = synthetic_gen_result(ttft_ms=150, gap_ms=20, seed=2).to_dict()  # TTFT +50%, decode unchanged
+    # 1,200 requests a side: a p99 needs 10 samples beyond it before compare trusts it
+    a = synthetic_gen_result(rate=60, ttft_ms=100, gap_ms=20, seed=1).to_dict()
+    b = synthetic_gen_result(rate=60, ttft_ms=150, gap_ms=20, seed=2).to_dict()  # TTFT +50%, decode unchanged
     return json.loads(json.dumps(a)), json.loads(json.dumps(b))
 
 

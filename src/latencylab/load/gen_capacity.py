@@ -121,7 +121,7 @@ def run_gen_capacity(
         )  # fmt: skip
     except ValueError as exc:
         raise LatencyLabError(f"--find-capacity: {exc}") from exc
-    run = run or gen_load_test
+    runner = run or gen_load_test
     warm_ns = int(search.warmup_s * 1e9)
     pending: list[tuple[float, np.ndarray, np.ndarray]] = []  # (rate, TTFT, TPOT) of the chunks since a step
     warm_up_left = [search.search_warmup_s > 0]  # the search's first run is its discarded warm-up
@@ -131,7 +131,7 @@ def run_gen_capacity(
             duration_s=seconds, timeout_s=opts.timeout, connections=opts.connections, headers=headers,
             request_start_header=opts.request_start_header, spin=opts.spin,
         )  # fmt: skip
-        res, rec = run(url, api, opts.model, prompts, Poisson(rate, seed), cfg, slos, opts.confidence, seed,
+        res, rec = runner(url, api, opts.model, prompts, Poisson(rate, seed), cfg, slos, opts.confidence, seed,
                        abort_when=abort_when, env=env)  # fmt: skip
         if warm_up_left[0]:
             warm_up_left[0] = False
