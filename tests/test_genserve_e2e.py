@@ -61,7 +61,7 @@ def test_chat_answers_like_the_model(url: str) -> None:
 
 def test_a_prompt_over_the_context_window_is_a_400_with_the_limit(url: str) -> None:
     status, body = post(url, "/v1/completions", {"prompt": "word " * 9000, "max_tokens": 4})
-    assert status == 400 and "context window is 8192 tokens" in json.loads(body)["error"]["message"]
+    assert status == 400 and "context window of 8192 tokens" in json.loads(body)["error"]["message"]
 
 
 def test_the_load_generator_drives_the_real_server(url: str, tmp_path: Any) -> None:

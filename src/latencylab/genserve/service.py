@@ -257,7 +257,8 @@ class GenService:
         window = self.cfg.context_window
         if len(ids) >= window:
             raise BadRequest(
-                f"the prompt is {len(ids)} tokens; this model's context window is {window} tokens", param="prompt"
+                f"the prompt is {len(ids)} tokens: it does not fit this model's context window of {window} tokens",
+                param="prompt",
             )
         room = window - len(ids)
         if params.max_tokens is not None and params.max_tokens > room:
