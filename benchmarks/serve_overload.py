@@ -129,7 +129,7 @@ def capacity_search(
 
     def measure(rate: float, seconds: float, s: int, abort_when: Any) -> Segment:
         waited = wait_quiet([server_pid], FOREIGN_CPU_LIMIT)
-        if waited > 0:
+        if waited >= 1.0:
             print(f"    (waited {waited:.0f} s for other processes to leave the CPUs)", flush=True)
         with ForeignCpu([server_pid]) as fc:
             res, rec = run_once(url, path, payloads, rate, seconds, 10.0, slo, s, env, abort_when, args.request_start)
@@ -409,7 +409,7 @@ def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> No
     for i, r in enumerate(runs, start=1):
         ll, nv, cap = r.get("latencylab"), r.get("naive"), r.get("capacity", {})
         if ll is None:
-            rows.append([i, fmt(cap.get("capacity_rate")), "-", "-", "-", "-", "-", "-", "-", "FAIL"])
+            rows.append([i, fmt(cap.get("capacity_rate")), "-", "-", "-", "-", "-", "-", "-", "-", "FAIL"])
             continue
         wins = ", ".join(fmt(w["p99_ms"], ".1f") for w in ll["windows"])
         nw = [w["p99_ms"] for w in (nv or {}).get("windows", []) if w["p99_ms"] is not None]
@@ -420,12 +420,12 @@ def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> No
             i, f"{fmt(cap.get('capacity_rate'))} ({fmt(cap.get('goodput'))})", f"{ll['offered_rate']:.1f}",
             f"{ll['sent']} = {ll['ok']} + {ll['shed']} + {ll['error']}", fmt(ll["p99_ms"], ".2f"), wins,
             f"{ll['goodput']:.1f} ({r['goodput_fraction']:.0%})", naive,
-            f"{r['load_before'][0]:.2f}", verdict,
+            f"{r['load_before'][0]:.2f}", fmt(ll.get("foreign_cpu"), ".2f"), verdict,
         ])  # fmt: skip
     print()
     heads = ["run", "capacity/s (goodput)", "offered/s", "sent = ok + shed + error", "p99 of admitted ms"]
     heads += ["p99 per 10-s window ms", "goodput/s (of capacity)", "naive p99 first -> last window ms"]
-    print(table([*heads, "load avg", "verdict"], rows))
+    print(table([*heads, "load avg", "other CPU at 2x", "verdict"], rows))
     caps = [float(r["capacity"]["capacity_rate"]) for r in runs if r.get("capacity", {}).get("capacity_rate")]
     spread = None
     if caps:

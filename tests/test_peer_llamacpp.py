@@ -45,6 +45,9 @@ def _gguf() -> Path | None:
 
 def _require_llamacpp() -> Path:
     gguf = _gguf()
+    failed = VENV.parent / "llamacpp.failed"  # the Makefile's record of a build that could not be done here
+    if failed.is_file() and not (VENV / ".installed").exists():
+        pytest.skip(f"LLAMA.CPP PEER BUILD FAILED (`{SETUP}`): {failed.read_text().strip()}")
     if not PYTHON.exists() or gguf is None or not (VENV / ".installed").exists():
         pytest.skip(
             f"LLAMA.CPP PEER NOT SET UP: the generative interop tests did not run; run `{SETUP}` first "
