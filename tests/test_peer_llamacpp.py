@@ -24,7 +24,7 @@ from latencylab.load.gen_client import gen_api
 from latencylab.load.gen_runner import gen_load_test
 from latencylab.load.generator import LoadConfig
 from latencylab.load.prompts import Prompt, builtin_prompts, with_max_tokens
-from peers import http_status
+from peer_servers import http_status
 from ports import HOST, free_ports
 
 pytestmark = pytest.mark.slow
@@ -58,6 +58,17 @@ def _require_llamacpp() -> Path:
 
 @pytest.fixture(scope="module")
 def llamacpp() -> Iterator[str]:
+    yield from _serve()
+
+
+@pytest.fixture()
+def fresh_llamacpp() -> Iterator[str]:
+    """A server of its own: llama-cpp-python keeps the previous prompt's KV cache for prefix reuse, and after
+    the other tests' streams of the same question a bare completion of it came back empty ([DONE], no token)."""
+    yield from _serve()
+
+
+def _serve() -> Iterator[str]:
     """The server, configured to serve under load: llama-cpp-python's default ``--interrupt_requests True``
     ends the stream in progress (``data: [DONE]``, then the connection is cut) whenever another request
     arrives, so any two overlapping requests lose one answer; with False they queue for the model's lock."""
@@ -108,13 +119,13 @@ def test_streaming_generator_drives_llamacpp(llamacpp: str, api: str) -> None:
         assert t["itl"]["p50_ms"] > 0 and t["tpot"]["p50_ms"] > 0
 
 
-def test_a_prompt_longer_than_the_context_window_is_a_counted_error(llamacpp: str) -> None:
+def test_a_prompt_longer_than_the_context_window_is_a_counted_error(fresh_llamacpp: str) -> None:
     """A prompt of several times ``N_CTX`` tokens: llama.cpp refuses it (HTTP 400, or an error in the stream);
     the generator counts it with the server's reason and carries on."""
     long = Prompt(" ".join(["context"] * (4 * N_CTX)), 8, None, "too-long")
     short = Prompt("What is the capital of France?", 8, None, "short")
     cfg = LoadConfig(duration_s=None, max_requests=4, timeout_s=60, spin="off", connections=2)
-    res, rec = gen_load_test(llamacpp, gen_api("completions"), MODEL, [long, short], Constant(1), cfg, seed=3,
+    res, rec = gen_load_test(fresh_llamacpp, gen_api("completions"), MODEL, [long, short], Constant(1), cfg, seed=3,
                              env={})  # fmt: skip
     s = res.summary
     assert s["sent"] == s["ok"] + s["shed"] + s["error"] == 4

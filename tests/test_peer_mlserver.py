@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from peers import MLSERVER_MODELS, MLSERVER_SETUP, PeerServer, http_status, mlserver_available, start_mlserver
+from peer_servers import MLSERVER_MODELS, MLSERVER_SETUP, PeerServer, http_status, mlserver_available, start_mlserver
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 SLEEPY_SERVICE_MS = float(
