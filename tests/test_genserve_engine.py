@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # loads and runs SmolLM2-135M (a few minutes on 2 busy cores)
 
-MAX_TOKENS = 24  # enough steps for sequences to join and leave the batch; the reference runs one at a time
+MAX_TOKENS = 16  # enough steps for sequences to join and leave the batch; the reference runs one at a time
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +29,18 @@ def test_batched_greedy_matches_single_sequence_greedy_on_the_shipped_prompts(lm
 
     tok, model = lm.tokenizer, lm.model
     eos = eos_ids(tok, model)
-    prompts = [chat_ids(tok, messages_of(p)) for p in builtin_prompts()]
+    every = [chat_ids(tok, messages_of(p)) for p in builtin_prompts()]
+    # four short questions and the two longest prompts (the whole set took ~4 min of a slow tier on 2 cores)
+    longest = sorted(range(len(every)), key=lambda i: len(every[i]))[-2:]
+    prompts = [every[i] for i in (0, 1, 2, 3, *longest)]
     assert max(len(p) for p in prompts) > 128  # a long prompt is prefilled in chunks
     engine = TorchEngine(model)
-    # 8 slots for 16 prompts: sequences join as others leave; a 128-token prefill budget chunks the long ones
-    sched = Scheduler(engine, SchedulerConfig(max_num_seqs=8, prefill_chunk_tokens=128))
+    # 3 slots for 6 prompts: sequences join as others leave; a 128-token prefill budget chunks the long ones
+    sched = Scheduler(engine, SchedulerConfig(max_num_seqs=3, prefill_chunk_tokens=128))
     seqs = [sched.submit(GenRequest(tuple(p), MAX_TOKENS, eos_ids=eos)) for p in prompts]
     sampled = [
         sched.submit(GenRequest(tuple(prompts[i]), MAX_TOKENS, Sampling(0.8, 0.9, seed=7 + i), eos_ids=eos))
-        for i in (0, 9)
+        for i in (0, 5)
     ]
     steps = 0
     while sched.step() is not None:
@@ -45,6 +48,6 @@ def test_batched_greedy_matches_single_sequence_greedy_on_the_shipped_prompts(lm
     assert engine.repacks > 2 and max(len(s.tokens) for s in seqs) == MAX_TOKENS
     for p, s in zip(prompts, seqs, strict=True):
         assert s.tokens == generate(model, p, MAX_TOKENS, eos=eos), f"prompt of {len(p)} tokens"
-    for i, s in zip((0, 9), sampled, strict=True):
+    for i, s in zip((0, 5), sampled, strict=True):
         cfg = DecodeConfig(temperature=0.8, top_p=0.9)
         assert s.tokens == generate(model, prompts[i], MAX_TOKENS, cfg, eos=eos, seed=7 + i)
