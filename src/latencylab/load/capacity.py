@@ -589,6 +589,29 @@ class CapacitySpread:
             f"spread +/-{(self.spread or 0.0):.1%}{extra}"
         )
 
+    def result_doc(self, search: SearchConfig, env: Any, **summary: Any) -> dict[str, Any]:
+        """The ``capacity`` result file (``--find-capacity --json``): the spread's summary (plus ``summary``'s
+        extra fields), the first search's curve (what report draws), every search, and how it searched."""
+        first = self.searches[0]
+        return {
+            "schema_version": 1,
+            "kind": "capacity",
+            "summary": {
+                "slo": self.slo,
+                **summary,
+                "capacity_rate": self.median,
+                "goodput": self.goodput,
+                "min": min(self.rates, default=None),
+                "max": max(self.rates, default=None),
+                "spread": self.spread,
+                "repeat": len(self.searches),
+            },
+            "capacity": {**first.to_dict(), "capacity_rate": self.median, "goodput": self.goodput},
+            "repeats": self.to_dict(),
+            "search": {k: getattr(search, k) for k in search.__slots__},
+            "env": env,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         r = self.rates
         return {

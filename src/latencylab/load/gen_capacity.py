@@ -177,25 +177,7 @@ def run_gen_capacity(
         out.parent.mkdir(parents=True, exist_ok=True)
         console.print(escape(f"wrote {plot_capacity(first.steps, out, None)}"))
     if opts.json:
-        doc = {
-            "schema_version": 1,
-            "kind": "capacity",
-            "summary": {
-                "slo": spread.slo,
-                "objectives": [s.describe() for s in slos],
-                "api": api.name,
-                "capacity_rate": spread.median,
-                "goodput": spread.goodput,
-                "min": min(spread.rates, default=None),
-                "max": max(spread.rates, default=None),
-                "spread": spread.spread,
-                "repeat": len(spread.searches),
-            },
-            "capacity": {**first.to_dict(), "capacity_rate": spread.median, "goodput": spread.goodput},
-            "repeats": spread.to_dict(),
-            "search": {k: getattr(search, k) for k in search.__slots__},
-            "env": env,
-        }
+        doc = spread.result_doc(search, env, objectives=[s.describe() for s in slos], api=api.name)
         Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
         Path(opts.json).write_text(json.dumps(doc, indent=1))
         console.print(escape(f"wrote {opts.json}"))
