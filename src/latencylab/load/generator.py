@@ -162,6 +162,7 @@ class RunStats:
 
 
 ProgressFn = Callable[[dict[str, Any]], None]
+LiveFn = Callable[[Callable[[int], Records]], None]  # given, at the start, a reader of the records so far
 AbortFn = Callable[[Progress], str]  # what the run knows -> reason to stop sending, or "" (see early_stop)
 
 
@@ -332,6 +333,19 @@ class _Run:
                 if now - sent > limit:
                     conn.abort(f"timeout after {self.cfg.timeout_s:g} s")
 
+    def records_from(self, start: int) -> Records:
+        """Requests ``start`` onwards, as they stand (no traces): a live read, see ``generate``'s ``live``."""
+        return Records(
+            intended_ns=np.asarray(self.intended[start:], dtype=np.int64),
+            sent_ns=np.asarray(self.sent[start:], dtype=np.int64),
+            done_ns=np.asarray(self.done[start:], dtype=np.int64),
+            outcome=np.asarray(self.outcome[start:], dtype=np.int8),
+            status=np.asarray(self.status[start:], dtype=np.int16),
+            payload=np.asarray(self.payload[start:], dtype=np.int32),
+            errors=dict(self.errors),
+            retry_after=[],
+        )
+
     def records(self) -> Records:
         return Records(
             intended_ns=np.asarray(self.intended, dtype=np.int64),
@@ -480,8 +494,15 @@ async def generate(
     slo_ns: float | None = None,
     abort_when: AbortFn | None = None,
     stream: StreamKind | None = None,
+    start_at_ns: int | None = None,
+    live: LiveFn | None = None,
 ) -> tuple[Records, RunStats]:
     """Run one load test against ``url + path`` and return the raw records and the generator's own stats.
+
+    ``start_at_ns``: the first send's ``perf_counter_ns`` instant (default 20 ms after the pool is warm), so
+    that several generators start together (``latencylab.scaleout``). ``live(read)`` is called once the run
+    starts, with ``read(i)``: the records of requests ``i`` onwards so far, callable from any thread (in-flight
+    requests have outcome -1; the arrays may differ in length by the sends of the moment: cut them).
 
     ``stream``: read every answer as a token stream of that protocol (``latencylab.load.gen_client``);
     ``Records.traces`` then holds each request's token times.
@@ -505,6 +526,10 @@ async def generate(
     cpu_t0 = time.perf_counter_ns()
     run.policy.start()
     run.t0 = time.perf_counter_ns() + 20_000_000  # first send 20 ms from now: the loop is settled
+    if start_at_ns is not None:
+        run.t0 = max(run.t0, start_at_ns)
+    if live is not None:
+        live(run.records_from)
     run.wall_offset_ns = wall_offset_ns()
     tasks = [asyncio.ensure_future(run.watchdog(abort_when))]
     if progress is not None:
@@ -558,9 +583,11 @@ def run_load(
     slo_ns: float | None = None,
     abort_when: AbortFn | None = None,
     stream: StreamKind | None = None,
+    start_at_ns: int | None = None,
+    live: LiveFn | None = None,
 ) -> tuple[Records, RunStats]:
     """Synchronous wrapper: runs ``generate`` on a fresh event loop (uvloop when installed)."""
-    coro = generate(url, path, payloads, arrivals, cfg, seed, progress, slo_ns, abort_when, stream)
+    coro = generate(url, path, payloads, arrivals, cfg, seed, progress, slo_ns, abort_when, stream, start_at_ns, live)
     if os.environ.get("LATENCYLAB_NO_UVLOOP") is None:
         try:
             import uvloop
