@@ -14,8 +14,9 @@ One run, same machine, same prompts, same objectives for every server:
     - ``llamacpp``: llama-cpp-python's OpenAI server on the GGUF file, ``--n_threads 1 --interrupt_requests
       False`` (venv: ``bash benchmarks/peers/llamacpp_setup.sh``; skipped with that command when missing);
     - ``transformers-serve``: ``transformers serve --continuous-batching`` (venv: ``bash
-      benchmarks/peers/tfserve_setup.sh``; see ``--only``: its stream has no ``data: [DONE]``, which the
-      generator counts as an error, so it is off unless named).
+      benchmarks/peers/tfserve_setup.sh``): its stream ends without ``data: [DONE]``, which the generator
+      counts as an error, so it is measured through benchmarks/peers/sse_done_relay.py (on the generator's
+      core), which adds it and passes everything else through.
 * Load: ``latencylab load``'s streaming generator (``gen_load_test``, ``--api chat``), Poisson arrivals over
   the gen workload's 16 built-in prompts with their own ``max_tokens`` capped at ``--max-tokens`` (48), the same
   seed for the same rate on every server, every request's TTFT and TPOT from its intended send time.
@@ -78,10 +79,11 @@ from _serving import (
 )
 
 SERVERS = ("naive", "static", "latencylab", "llamacpp", "transformers-serve")
-DEFAULT_ONLY = ("naive", "static", "latencylab", "llamacpp")
+DEFAULT_ONLY = SERVERS
 SERVER_CPU, CLIENT_CPU = 1, 0
 LLAMACPP_VENV = ROOT / "benchmarks" / ".venvs" / "llamacpp"
 TFSERVE_VENV = ROOT / "benchmarks" / ".venvs" / "tfserve"
+RELAYS: dict[int, Running] = {}  # server pid -> the relay in front of it (transformers-serve)
 START = {"naive": 0.1, "static": 0.2, "latencylab": 0.3, "llamacpp": 0.3, "transformers-serve": 0.1}
 
 
@@ -289,6 +291,24 @@ def start_server(name: str, cfg: Config, workdir: Path) -> tuple[Running, str] |
         )  # fmt: skip
     except RuntimeError as exc:
         return f"did not start: {str(exc).splitlines()[0]}"
+    if name == "transformers-serve":  # its stream lacks "data: [DONE]": a relay on the generator's core adds it
+        rport = free_port()
+        relay_dir = workdir / "relay"
+        relay_dir.mkdir(exist_ok=True)
+        relay_cmd = [PY, str(ROOT / "benchmarks" / "peers" / "sse_done_relay.py"), "--upstream", url, "--port",
+                     str(rport)]  # fmt: skip
+        try:
+            relay = launch(
+                "sse-done-relay", (["taskset", "-c", str(CLIENT_CPU)] if cfg.pin else []) + relay_cmd,
+                url=f"http://{HOST}:{rport}", path="/v1/chat/completions", ready=f"http://{HOST}:{rport}/v1/models",
+                workdir=relay_dir, env=child_env(), stats=lambda: None, notes=[], startup_timeout=60.0,
+            )  # fmt: skip
+        except RuntimeError as exc:
+            srv.stop()
+            return f"its [DONE] relay did not start: {str(exc).splitlines()[0]}"
+        srv.notes.append("relayed through benchmarks/peers/sse_done_relay.py (adds data: [DONE])")
+        RELAYS[srv.process.pid] = relay
+        srv.url = relay.url
     return srv, model
 
 
@@ -330,6 +350,9 @@ def measure_server(name: str, cfg: Config, out: Path, prompts: list[Any], log: C
         stats = srv.stats()
     finally:
         srv.stop()
+        relay = RELAYS.pop(srv.process.pid, None)
+        if relay is not None:
+            relay.stop()
     doc = {"server": name, "model": model, "capacity": capacity(steps), "steps": [asdict(s) for s in steps],
            "stats": stats, "config": asdict(cfg), "machine": cpu_model(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
