@@ -70,11 +70,13 @@ from _serving import (
     Running,
     child_env,
     cpu_model,
+    delta,
     free_port,
     http,
     json_stats,
     launch,
     machine_load,
+    metric_sum,
     session_cpu_s,
 )
 
@@ -113,6 +115,8 @@ class Step:
     generator_valid: bool
     late_fraction: float
     errors: dict[str, int] = field(default_factory=dict)
+    # latencylab's /metrics over the step (empty for a peer): where the server's time went
+    where: dict[str, float] = field(default_factory=dict)
 
     @property
     def accounted(self) -> bool:
@@ -153,6 +157,38 @@ def duration_for(cfg: Config, rate: float) -> float:
     return min(cfg.max_duration_s, max(cfg.min_duration_s, cfg.min_requests / rate))
 
 
+GEN_METRICS = (
+    ("decode_step", "latencylab_gen_decode_step_seconds"), ("decode_batch", "latencylab_gen_decode_batch_size"),
+    ("prefill_step", "latencylab_gen_prefill_step_seconds"), ("queue", "latencylab_gen_queue_seconds"),
+)  # fmt: skip
+
+
+def gen_metrics(url: str) -> dict[tuple[str, str], float]:
+    """latencylab's generative Prometheus samples (empty when the server has none)."""
+    from latencylab.load.reconcile import parse_prometheus
+
+    status, body = http(f"{url}/metrics", timeout_s=5.0)
+    if status != 200:
+        return {}
+    m = parse_prometheus(body.decode("utf-8", "replace"))
+    return m if any(k[0].startswith("latencylab_gen_") for k in m) else {}
+
+
+def where_time_went(after: dict[tuple[str, str], float], before: dict[tuple[str, str], float]) -> dict[str, float]:
+    """Per step: decode steps and their mean ms and batch, prefill seconds, mean queue ms (from /metrics)."""
+    if not after:
+        return {}
+    d = delta(after, before)
+    out: dict[str, float] = {}
+    for key, name in GEN_METRICS:
+        n, total = metric_sum(d, f"{name}_count"), metric_sum(d, f"{name}_sum")
+        out[f"{key}_n"] = n
+        out[f"{key}_mean"] = total / n if n else 0.0
+        out[f"{key}_total"] = total
+    out["shed"] = metric_sum(d, "latencylab_gen_shed_total")
+    return out
+
+
 def run_step(srv: Running, model: str, rate: float, purpose: str, cfg: Config, prompts: list[Any]) -> Step:
     """One Poisson run of ``rate`` against ``srv``, judged against both objectives."""
     from latencylab.load.arrivals import Poisson
@@ -164,10 +200,12 @@ def run_step(srv: Running, model: str, rate: float, purpose: str, cfg: Config, p
     slos = [TokenSlo("ttft", 0.99, cfg.ttft_slo_s * 1e9), TokenSlo("tpot", 0.99, cfg.tpot_slo_s * 1e9)]
     seed, duration = seed_for(rate), duration_for(cfg, rate)
     lcfg = LoadConfig(duration_s=duration, timeout_s=cfg.timeout_s, connections=8)
+    m0 = gen_metrics(srv.url)
     cpu0, t0 = session_cpu_s(srv.process.pid), time.monotonic()
     res, rec = gen_load_test(srv.url, gen_api("chat"), model, prompts, Poisson(rate, seed), lcfg, slos, seed=seed)
     wall = time.monotonic() - t0
     cpu = session_cpu_s(srv.process.pid) - cpu0
+    where = where_time_went(gen_metrics(srv.url), m0)
     arr = token_arrays(rec)
     tpot = np.nan_to_num(arr.tpot_ns, nan=0.0)  # one output token: no TPOT, meets any TPOT objective
     within = (arr.ttft_ns <= cfg.ttft_slo_s * 1e9) & (tpot <= cfg.tpot_slo_s * 1e9)
@@ -183,13 +221,20 @@ def run_step(srv: Running, model: str, rate: float, purpose: str, cfg: Config, p
         tpot_p50_ms=_q(arr.tpot_ns.astype(float), 0.5), tpot_p99_ms=_q(arr.tpot_ns.astype(float), 0.99),
         output_tokens=int(arr.output_tokens.sum()), output_tokens_per_s=float(tok.get("output_tokens_per_s") or 0.0),
         server_cpu_s=cpu, generator_valid=bool(s.get("valid", False)),
-        late_fraction=float(s.get("late_fraction") or 0.0), errors=dict(rec.errors),
+        late_fraction=float(s.get("late_fraction") or 0.0), errors=dict(rec.errors), where=where,
     )  # fmt: skip
 
 
 def describe(st: Step) -> str:
     f = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
-    why = "" if not st.errors else "  errors: " + "; ".join(f"{k} x{v}" for k, v in list(st.errors.items())[:3])
+    w = st.where
+    if w.get("decode_step_n"):
+        w_s = (f"  [decode {w['decode_step_n']:.0f} steps x {w['decode_step_mean'] * 1e3:.0f} ms, batch "
+               f"{w['decode_batch_mean']:.1f}; prefill {w['prefill_step_total']:.1f} s; queue "
+               f"{w['queue_mean'] * 1e3:.0f} ms]")  # fmt: skip
+    else:
+        w_s = ""
+    why = w_s + ("" if not st.errors else "  errors: " + "; ".join(f"{k} x{v}" for k, v in list(st.errors.items())[:3]))
     return (
         f"  {st.server:<11} {st.purpose:<13} {st.rate:6.3f}/s  {st.duration_s:5.0f} s  sent {st.sent:3d} ok {st.ok:3d} "
         f"shed {st.shed:3d} err {st.error:3d} good {st.good:3d}"
