@@ -100,6 +100,11 @@ NAIVE_PROBE_S = 5.0
 # A chunk (or run) during which other processes used more than this many CPUs on average measured the machine,
 # not the server: the search reruns such a chunk (after waiting for a quiet machine); overload runs report it.
 FOREIGN_CPU_LIMIT = 0.15
+# Text requests' costs span 10x (a long passage ~ 100 ms of compute at one thread): near capacity a long passage
+# arriving behind another cannot be admitted inside the target, so a few % are shed at every rate from ~25/s to
+# ~40/s (session 9: 0.7-2.6%, flat), and a 1% allowance picked the capacity by binomial noise on that plateau
+# (24.4-40/s). 5% sits where the shed fraction rises steeply (7.5% at 49/s, 21% at 80/s in session 9).
+TEXT_MAX_SHED = 0.05
 
 
 def payloads_for(model: str) -> list[Payload]:
@@ -125,6 +130,7 @@ def capacity_search(
         start_rate=args.start_rate, precision=0.05, chunk_s=args.step_duration, max_chunks=args.max_chunks,
         warmup_s=args.warmup, search_warmup_s=args.step_duration, confidence=0.95,
         max_late_fraction=args.max_late_fraction, invalid_retries=args.busy_retries,
+        max_error_fraction=args.max_shed,
     )  # fmt: skip
 
     def measure(rate: float, seconds: float, s: int, abort_when: Any) -> Segment:
@@ -206,6 +212,16 @@ def main() -> int:
     ap.add_argument("--start-rate", type=float, help="first capacity step (default: vision 100/s, text 10/s)")
     ap.add_argument("--capacity", type=float, help="skip the search: use this capacity (req/s)")
     ap.add_argument("--factor", type=float, default=2.0, help="overload = factor x capacity")
+    ap.add_argument(
+        "--also-factor", type=float, action="append", default=[], metavar="F",
+        help="after the --factor overload, overload the same server at F x capacity too (latencylab only, same "
+        "checks; repeatable, e.g. --also-factor 4)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--max-shed", type=float,
+        help="capacity: the most a passing step may shed or fail (SearchConfig.max_error_fraction; default: "
+        "vision 1%%, text 5%%, see docs/metrics.md 'Capacity')",
+    )  # fmt: skip
     ap.add_argument("--deadline-ms", type=float, help="server's default_deadline_ms (default: the SLO)")
     ap.add_argument(
         "--request-start",
@@ -238,6 +254,8 @@ def main() -> int:
         args.at_capacity_s = 0.0
     slo_ms = args.slo_ms or (30.0 if args.model == "vision" else 100.0)
     args.start_rate = args.start_rate or (100.0 if args.model == "vision" else 10.0)
+    if args.max_shed is None:
+        args.max_shed = TEXT_MAX_SHED if args.model == "text" else 0.01
     slo = Slo(0.99, slo_ms * 1e6)
     pin = None if args.no_pin or (os.cpu_count() or 1) < 2 else {SERVER_CPU}
     if pin:
@@ -331,6 +349,9 @@ def one_run(
                 bs_n = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_count")
                 m["server_mean_batch_size"] = bs_sum / bs_n if bs_n else None
                 m["server_stages_mean_ms"] = dict(res.server["server_stages_mean_ms"]) if res.server else None
+                margin = by_label(scrape(url) or {}, "latencylab_server_admission_margin_seconds", "variant")
+                m["learned_margin_ms_at_end"] = 1e3 * max(margin.values()) if margin else None
+                print(f"  {label}: learned admission margin at the end {fmt(m['learned_margin_ms_at_end'], '.2f')} ms")
                 return m
 
             if args.at_capacity_s > 0:
@@ -339,6 +360,11 @@ def one_run(
             print(f"overload: Poisson {rate:.1f}/s ({args.factor:g} x {cap_rate:.1f}) for {args.duration:g} s")
             ll = measure("latencylab", rate, args.duration)
             out["latencylab"] = ll
+            extra: list[dict[str, Any]] = []
+            for f in args.also_factor:
+                print(f"overload: Poisson {f * cap_rate:.1f}/s ({f:g} x {cap_rate:.1f}) for {args.duration:g} s")
+                extra.append({"factor": f, **measure(f"latencylab @ {f:g}x", f * cap_rate, args.duration)})
+            out["latencylab_also"] = extra
         out["latencylab_log_tail"] = log.read_text(encoding="utf-8", errors="replace")[-2000:]
 
         nv: dict[str, Any] | None = None
@@ -375,15 +401,12 @@ def one_run(
     # The accounting identity is not a performance claim: a request without exactly one outcome is a bug.
     for r in [ll, *([nv] if nv else [])]:
         assert r["identity"], f"{r['server']}: sent {r['sent']} != ok {r['ok']} + shed {r['shed']} + error {r['error']}"
-    later = [w for w in ll["windows"][1:] if w["p99_ms"] is not None]
-    worst = max((w["p99_ms"] for w in later), default=None)
-    checks = [
-        (f"sent == ok + shed + error ({ll['sent']} = {ll['ok']} + {ll['shed']} + {ll['error']})", ll["identity"]),
-        (f"p99 of admitted in every 10-s window after the first <= SLO {slo_ms:g} ms (worst {fmt(worst, '.2f')} ms)",
-         worst is not None and worst <= slo_ms),
-        (f"goodput {ll['goodput']:.1f}/s >= 90% of capacity goodput {cap_goodput:.1f}/s "
-         f"({ll['goodput'] / cap_goodput:.0%})", ll["goodput"] >= 0.9 * cap_goodput),
-    ]  # fmt: skip
+    worst = _worst(ll)
+    checks = _overload_checks(ll, args.factor, slo_ms, cap_goodput)
+    for e in extra:
+        checks += _overload_checks(e, e["factor"], slo_ms, cap_goodput)
+        e["worst_window_p99_ms"] = _worst(e)
+        e["goodput_fraction"] = e["goodput"] / cap_goodput
     out["p99_whole_run_ms"] = ll["p99_ms"]
     out["worst_window_p99_ms"] = worst
     out["goodput_fraction"] = ll["goodput"] / cap_goodput
@@ -403,13 +426,30 @@ def one_run(
     return out
 
 
+def _worst(m: dict[str, Any]) -> float | None:
+    """The highest p99 of admitted requests over the 10-s windows after the first."""
+    return max((w["p99_ms"] for w in m["windows"][1:] if w["p99_ms"] is not None), default=None)
+
+
+def _overload_checks(m: dict[str, Any], factor: float, slo_ms: float, cap_goodput: float) -> list[tuple[str, bool]]:
+    worst = _worst(m)
+    return [
+        (f"{factor:g}x: sent == ok + shed + error ({m['sent']} = {m['ok']} + {m['shed']} + {m['error']})",
+         m["identity"]),
+        (f"{factor:g}x: p99 of admitted in every 10-s window after the first <= SLO {slo_ms:g} ms "
+         f"(worst {fmt(worst, '.2f')} ms)", worst is not None and worst <= slo_ms),
+        (f"{factor:g}x: goodput {m['goodput']:.1f}/s >= 90% of capacity goodput {cap_goodput:.1f}/s "
+         f"({m['goodput'] / cap_goodput:.0%})", m["goodput"] >= 0.9 * cap_goodput),
+    ]  # fmt: skip
+
+
 def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> None:
     """Every run in one table, then the spread over runs and the verdict."""
     rows = []
     for i, r in enumerate(runs, start=1):
         ll, nv, cap = r.get("latencylab"), r.get("naive"), r.get("capacity", {})
         if ll is None:
-            rows.append([i, fmt(cap.get("capacity_rate")), "-", "-", "-", "-", "-", "-", "-", "-", "FAIL"])
+            rows.append([i, fmt(cap.get("capacity_rate")), "-", "-", "-", "-", "-", "-", "-", "-", "-", "FAIL"])
             continue
         wins = ", ".join(fmt(w["p99_ms"], ".1f") for w in ll["windows"])
         nw = [w["p99_ms"] for w in (nv or {}).get("windows", []) if w["p99_ms"] is not None]
@@ -420,12 +460,22 @@ def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> No
             i, f"{fmt(cap.get('capacity_rate'))} ({fmt(cap.get('goodput'))})", f"{ll['offered_rate']:.1f}",
             f"{ll['sent']} = {ll['ok']} + {ll['shed']} + {ll['error']}", fmt(ll["p99_ms"], ".2f"), wins,
             f"{ll['goodput']:.1f} ({r['goodput_fraction']:.0%})", naive,
-            f"{r['load_before'][0]:.2f}", fmt(ll.get("foreign_cpu"), ".2f"), verdict,
+            f"{r['load_before'][0]:.2f}", fmt(ll.get("foreign_cpu"), ".2f"),
+            fmt(ll.get("learned_margin_ms_at_end"), ".1f"), verdict,
         ])  # fmt: skip
+        for e in r.get("latencylab_also", []):
+            wins = ", ".join(fmt(w["p99_ms"], ".1f") for w in e["windows"])
+            rows.append([
+                f"{i} @ {e['factor']:g}x", "", f"{e['offered_rate']:.1f}",
+                f"{e['sent']} = {e['ok']} + {e['shed']} + {e['error']}", fmt(e["p99_ms"], ".2f"), wins,
+                f"{e['goodput']:.1f} ({e['goodput_fraction']:.0%})", "-", "", fmt(e.get("foreign_cpu"), ".2f"),
+                fmt(e.get("learned_margin_ms_at_end"), ".1f"),
+                "PASS" if e["worst_window_p99_ms"] is not None and e["worst_window_p99_ms"] <= slo_ms else "FAIL",
+            ])  # fmt: skip
     print()
     heads = ["run", "capacity/s (goodput)", "offered/s", "sent = ok + shed + error", "p99 of admitted ms"]
     heads += ["p99 per 10-s window ms", "goodput/s (of capacity)", "naive p99 first -> last window ms"]
-    print(table([*heads, "load avg", "other CPU at 2x", "verdict"], rows))
+    print(table([*heads, "load avg", "other CPU", "learned margin ms (end)", "verdict"], rows))
     caps = [float(r["capacity"]["capacity_rate"]) for r in runs if r.get("capacity", {}).get("capacity_rate")]
     spread = None
     if caps:
@@ -438,6 +488,11 @@ def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> No
     if done:
         p99 = [r["latencylab"]["p99_ms"] for r in done if r["latencylab"]["p99_ms"] is not None]
         worst = [r["worst_window_p99_ms"] for r in done if r["worst_window_p99_ms"] is not None]
+        for e in (e for r in done for e in r.get("latencylab_also", [])):
+            print(
+                f"at {e['factor']:g}x: p99 of admitted {fmt(e['p99_ms'], '.2f')} ms, worst window after the first "
+                f"{fmt(e['worst_window_p99_ms'], '.2f')} ms, goodput {e['goodput_fraction']:.0%} of capacity"
+            )
         gf = [r["goodput_fraction"] for r in done]
         print(f"p99 of admitted (whole run) {min(p99):.2f}-{max(p99):.2f} ms; worst 10-s window after the first "
               f"{min(worst):.2f}-{max(worst):.2f} ms (SLO {slo_ms:g}); "

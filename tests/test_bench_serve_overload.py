@@ -48,3 +48,19 @@ def test_one_failing_run_or_a_wide_spread_fails_the_benchmark(capsys: pytest.Cap
     so.report(out, [_run(150, [29, 28], 150), _run(200, [29, 29], 190), _run(240, [29, 28], 230)], 30.0)
     text = capsys.readouterr().out
     assert not out["all_passed"] and "FAIL  capacities agree within +/-10% (+/-25.0%)" in text
+
+
+def test_an_extra_overload_factor_is_judged_and_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    """--also-factor 4: the 4x run has the same three checks and its own table row."""
+    r = _run(200, [35, 28, 29], 190)
+    wins = [{"p99_ms": p} for p in (40.0, 29.0, 31.0)]
+    four = {"factor": 4.0, "offered_rate": 800.0, "sent": 10, "ok": 5, "shed": 4, "error": 0, "p99_ms": 31.0,
+            "windows": wins, "goodput": 170.0, "identity": False}  # fmt: skip
+    checks = dict(so._overload_checks(four, 4.0, 30.0, 200.0))
+    assert [ok for ok in checks.values()] == [False, False, False]  # 10 != 9, 31 ms > 30, 85% < 90%
+    assert "(worst 31.00 ms)" in next(iter(k for k in checks if "window" in k))
+    r["latencylab_also"] = [{**four, "ok": 6, "identity": True, "worst_window_p99_ms": 31.0, "goodput_fraction": 0.85}]
+    so.report({}, [r], 30.0)
+    text = capsys.readouterr().out
+    assert "| 1 @ 4x |  | 800.0 | 10 = 6 + 4 + 0 | 31.00 | 40.0, 29.0, 31.0 | 170.0 (85%) |" in text
+    assert "at 4x: p99 of admitted 31.00 ms, worst window after the first 31.00 ms, goodput 85% of capacity" in text

@@ -30,7 +30,9 @@ Example (``serve.toml``)::
     ort_spin_us = 3000          # optional (ONNX Runtime variants): idle intra-op threads spin this long, then
                                 #   sleep (default: ORT's own, which spins through the gaps of a served load)
     admission_slack = "boundary"  # what admission adds to its prediction: boundary | off (serve/slack.py)
-    slo_target_fraction = 0.9   # admission plans finishes by the deadline less 10% of min(deadline, SLO)
+    slo_target_fraction = 0.9   # the admitted latency is aimed inside this fraction of min(deadline, SLO)
+    admission_margin = "learned" # learned: a margin fed back from admitted latency | fixed: (1 - fraction) x SLO
+    margin_quantile = 0.995     #   the quantile of admitted latency the learned margin puts at fraction x SLO
     direct_when_idle = false    # idle batcher: preprocess + compute on the compute thread, one hand-over
     order_by = "deadline"       # text buckets run shortest first, unless a request's deadline is at risk;
                                 #   "slo": unless its start + slo_ms (or its deadline, if sooner) is at risk
@@ -74,6 +76,10 @@ class ModelConfig:
     # admission aims at the deadline less (1 - this) x min(the request's budget, slo_ms): with a deadline equal
     # to the SLO, at 90% of it, so the noise around the prediction keeps the admitted p99 inside the SLO
     slo_target_fraction: float = 0.9
+    # "learned": the margin is fed back from the latency of admitted requests (serve/slack.LearnedMargin), until
+    # their margin_quantile sits at slo_target_fraction x the SLO; "fixed": (1 - slo_target_fraction) x the SLO
+    admission_margin: str = "learned"
+    margin_quantile: float = 0.995
     direct_when_idle: bool = False  # an idle batcher preprocesses + computes a request in one hand-over
     # what the order of text buckets protects: "deadline" (the deadline only: with the 30-s default, plain
     # shortest-first) or "slo" (each request's start + slo_ms, or its deadline if sooner; measured worse here)
@@ -117,6 +123,13 @@ class ModelConfig:
         f = self.slo_target_fraction
         if isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f <= 1:
             raise LatencyLabError(f"model {self.name!r}: slo_target_fraction must be in (0, 1], got {f!r}")
+        if self.admission_margin not in ("learned", "fixed"):
+            raise LatencyLabError(
+                f"model {self.name!r}: admission_margin must be learned or fixed, got {self.admission_margin!r}"
+            )
+        mq = self.margin_quantile
+        if isinstance(mq, bool) or not isinstance(mq, int | float) or not 0 < mq < 1:
+            raise LatencyLabError(f"model {self.name!r}: margin_quantile must be a fraction, e.g. 0.995, got {mq!r}")
         if self.order_by not in ("slo", "deadline"):
             raise LatencyLabError(f"model {self.name!r}: order_by must be slo or deadline, got {self.order_by!r}")
         if self.admission_slack not in ("boundary", "off"):

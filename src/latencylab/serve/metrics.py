@@ -91,6 +91,13 @@ class ServerMetrics:
             ["model", "variant"],
             registry=r,
         )
+        self.margin = Gauge(
+            "latencylab_server_admission_margin_seconds",
+            "The planning margin admission learned from admitted latency: it plans each finish by the deadline "
+            "less this (for a budget of one SLO).",
+            ["model", "variant"],
+            registry=r,
+        )
         self.slo_target = Gauge(
             "latencylab_server_slo_target_fraction",
             "Admission plans each finish by its deadline less (1 - this) x min(its deadline budget, the SLO).",

@@ -27,7 +27,7 @@ from latencylab.serve.cache import ResultCache
 from latencylab.serve.config import ModelConfig
 from latencylab.serve.guard import Alarm, GuardConfig, SloGuard, Transition
 from latencylab.serve.metrics import ServerMetrics
-from latencylab.serve.slack import BoundarySlack
+from latencylab.serve.slack import BoundarySlack, LearnedMargin
 from latencylab.serve.types import InferRequest, InferResponse, ProtocolError, TensorSpec, Variant
 
 log = logging.getLogger("latencylab.serve")
@@ -92,6 +92,8 @@ class ModelService:
         self.batchers: list[Batcher] = []
         self.boundary: list[BoundarySlack] = []  # per rung: admission slack from near-boundary errors (slack.py)
         self._slack_shown: list[int] = []
+        self.margins: list[LearnedMargin] = []  # per rung: the planning margin learned from admitted latency
+        self._margin_shown: list[int] = []
         self.in_flight = 0
         self.preprocessing = 0  # admitted requests in (or waiting for) the preprocess pool
         self.pre_s = 0.0  # EWMA of one preprocess call
@@ -154,14 +156,21 @@ class ModelService:
             self.batchers.append(b)
             self.boundary.append(BoundarySlack(self.cfg.quantile))
             self._slack_shown.append(-1)
+            slo_ns = int(self.cfg.slo_ms * 1e6)
+            self.margins.append(LearnedMargin(slo_ns, self.cfg.slo_target_fraction, self.cfg.margin_quantile))
+            self._margin_shown.append(-1)
 
-    def admit_by_ns(self, start_ns: int, deadline_ns: int) -> int:
-        """What admission aims at: the deadline less (1 - ``slo_target_fraction``) of the smaller of the request's
-        whole budget and the SLO. With a deadline equal to the SLO, admission plans every finish inside 90% of
-        it (the default), so the noise of finishes around their prediction does not carry the admitted tail
-        over the SLO; a long deadline loses the same few ms of the SLO, a short one the same share of itself.
-        The deadline itself (release, 504) is unchanged."""
+    def admit_by_ns(self, start_ns: int, deadline_ns: int, level: int = 0) -> int:
+        """What admission aims at: the deadline less a margin, scaled by min(the request's budget, the SLO) / SLO.
+
+        ``admission_margin = "fixed"``: the margin is (1 - ``slo_target_fraction``) x the SLO (with a deadline
+        equal to the SLO, every finish planned inside 90% of it, the default). ``"learned"`` (the default): it
+        starts there and is then the output of the rung's :class:`LearnedMargin`, which moves it until the
+        ``margin_quantile`` of the admitted latency sits at ``slo_target_fraction`` x the SLO. The deadline
+        itself (release, 504) is unchanged."""
         budget = deadline_ns - start_ns
+        if self.cfg.admission_margin == "learned" and level < len(self.margins):
+            return deadline_ns - self.margins[level].scaled_ns(budget)
         margin = (1.0 - self.cfg.slo_target_fraction) * min(budget, self.cfg.slo_ms * 1e6)
         return deadline_ns - int(margin)
 
@@ -239,7 +248,8 @@ class ModelService:
         batcher = self.batchers[level]
         lead = self.preprocess_lead_ns()
         boundary = self.boundary[level]
-        admit_by = self.admit_by_ns(timing.start - timing.age_ns, deadline_ns)
+        admit_by = self.admit_by_ns(timing.start - timing.age_ns, deadline_ns, level)
+        self._show_margin(level, batcher.variant.name)
         predicted = batcher.predicted_finish_ns(now) + lead  # what admission expects, before any margin
         slack = boundary.current(now, batcher.margin_ns) if self.cfg.admission_slack == "boundary" else 0
         near = boundary.near(admit_by - predicted, batcher.margin_ns)
@@ -262,6 +272,7 @@ class ModelService:
                 )
         except _Late as late:
             self._missed(boundary, deadline_ns, predicted if near else 0, int(float(deadline_ms) * 1e6))
+            self._late_outcome(level, timing, deadline_ns)
             self._penalise(level, routed, deadline_ms)
             raise ServiceError(504, str(late), kind="deadline") from None
         except ModelFailure as exc:
@@ -428,15 +439,33 @@ class ModelService:
             on_loop(0.0, None, exc)
 
     def answered(self, timing: Timing, now_ns: int) -> None:
-        """The response is encoded: a request admitted near the boundary reports its prediction error up to here.
+        """The response is encoded: the request's latency teaches the learned margin, and a request admitted near
+        the boundary reports its prediction error up to here.
 
         What the handler does after the batch (waking on the loop, encoding the outputs) is part of the
         latency the client sees, so it counts, not just the batch's end.
         """
-        if timing.level >= 0 and timing.predicted:
+        if timing.level < 0:
+            return
+        if self.cfg.admission_margin == "learned" and timing.budget > 0:
+            self.margins[timing.level].observe(now_ns, now_ns - (timing.start - timing.age_ns), timing.budget)
+        if timing.predicted:
             # an error beyond the request's whole deadline is a stall, not prediction noise: one must not make
             # the slack refuse every request for the length of the window
             self.boundary[timing.level].observe(now_ns, min(now_ns - timing.predicted, timing.budget))
+
+    def _late_outcome(self, level: int, timing: Timing, deadline_ns: int) -> None:
+        """A 504 teaches the learned margin as a latency of at least its whole budget."""
+        if self.cfg.admission_margin == "learned":
+            start = timing.start - timing.age_ns
+            now = max(self.now_ns(), deadline_ns)
+            self.margins[level].observe(now, now - start, deadline_ns - start)
+
+    def _show_margin(self, level: int, variant: str) -> None:
+        m = self.margins[level].margin_ns if level < len(self.margins) else 0
+        if m != self._margin_shown[level]:
+            self._margin_shown[level] = m
+            self.metrics.margin.labels(self.name, variant).set(m / 1e9)
 
     def _observe_preprocess(self, took: float) -> None:
         if self.pre_s == 0.0:

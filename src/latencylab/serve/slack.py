@@ -80,3 +80,85 @@ class BoundarySlack:
             else:
                 self.slack_ns //= 2
         return self.slack_ns
+
+
+class LearnedMargin:
+    """Admission's planning margin, learned from the latency of the requests it admitted (a quantile tracker).
+
+    Admission plans each finish by ``deadline - margin`` (scaled by min(budget, SLO) / SLO for other budgets).
+    A fixed margin of (1 - f) x SLO left the admitted p99 over the SLO in some 10-s windows at 2x overload
+    (docs/benchmarks/serve.md, session 9): what admission cannot predict varies with the load and the machine.
+    Here the margin is the output of a feedback loop on what was actually served: every admitted request's
+    outcome (its latency from its start, a 504 counting at least its whole budget) is compared with the
+    objective ``target`` (f x SLO for a budget of one SLO) and moves the margin by the stochastic-approximation
+    rule of quantile tracking (Robbins-Monro):
+
+        latency > target:  margin += step            (the tail is too long: plan earlier finishes)
+        otherwise:         margin -= step x (1 - q) / q    (room to spare: give goodput back)
+
+    Its fixed point is where a fraction ``1 - q`` of the admitted requests exceed the target, i.e. where the
+    ``q`` quantile of the admitted latency sits at ``target``. With ``q`` above the SLO's own quantile (0.995
+    against a p99 objective) the p99 sits a little under the target, and the SLO (target / f) keeps the rest of
+    the headroom for window-to-window noise. The loop's delay is one request's latency (the margin acts on the
+    next admissions), not a window's, so it does not oscillate as a controller on a windowed p99 does.
+
+    A stall makes every request in flight late at once; one stall must not throw the margin to its ceiling (it
+    would then relax at the slow rate for tens of seconds while shedding goodput), so the margin grows by at
+    most ``max_up_steps`` steps per ``interval_ns``. It stays within [0, ``max_ns``].
+    """
+
+    def __init__(
+        self,
+        slo_ns: int,
+        target_fraction: float,
+        q: float = 0.995,
+        step_fraction: float = 1 / 30,
+        max_fraction: float = 0.5,
+        interval_ns: int = 100_000_000,
+        max_up_steps: int = 5,
+    ) -> None:
+        if not 0 < q < 1:
+            raise ValueError("q must be a fraction, e.g. 0.995")
+        if not 0 < target_fraction <= 1:
+            raise ValueError("target_fraction must be in (0, 1]")
+        self.slo_ns = slo_ns
+        self.target_fraction = target_fraction
+        self.q = q
+        self.step_ns = max(1.0, step_fraction * slo_ns)
+        self.down_ns = self.step_ns * (1.0 - q) / q
+        self.max_ns = max_fraction * slo_ns
+        self.interval_ns = interval_ns
+        self.max_up_ns = max_up_steps * self.step_ns
+        self._margin = (1.0 - target_fraction) * slo_ns  # starts where the fixed margin was
+        self._interval_start: int | None = None
+        self._up_in_interval = 0.0
+        self.over = 0  # outcomes over the target, since the start
+        self.seen = 0  # outcomes observed, since the start
+
+    @property
+    def margin_ns(self) -> int:
+        """The margin for a request whose budget is at least the SLO."""
+        return int(self._margin)
+
+    def scaled_ns(self, budget_ns: int) -> int:
+        """The margin for a request with ``budget_ns`` (deadline - start): scaled by min(budget, SLO) / SLO."""
+        return int(self._margin * min(budget_ns, self.slo_ns) / self.slo_ns)
+
+    def target_ns(self, budget_ns: int) -> int:
+        """The latency an admitted request with ``budget_ns`` is aimed inside: its budget less (1 - f) x
+        min(budget, SLO) (f x SLO when the budget is the SLO)."""
+        return budget_ns - int((1.0 - self.target_fraction) * min(budget_ns, self.slo_ns))
+
+    def observe(self, now_ns: int, latency_ns: int, budget_ns: int) -> None:
+        """An admitted request ended ``latency_ns`` after its start (answered, or a 504 at its deadline)."""
+        self.seen += 1
+        if latency_ns > self.target_ns(budget_ns):
+            self.over += 1
+            if self._interval_start is None or now_ns - self._interval_start >= self.interval_ns:
+                self._interval_start, self._up_in_interval = now_ns, 0.0
+            up = min(self.step_ns, self.max_up_ns - self._up_in_interval)
+            if up > 0:
+                self._up_in_interval += up
+                self._margin = min(self.max_ns, self._margin + up)
+        else:
+            self._margin = max(0.0, self._margin - self.down_ns)
