@@ -130,7 +130,7 @@ class _SometimesSlow(FakeVariant):
 
 @pytest.mark.parametrize("mode", ["learned", "fixed"])
 def test_the_server_learns_its_margin_from_what_it_served_and_shows_it(mode: str) -> None:
-    """SLO 10 ms, a quarter of the batches 17 ms (504s): the learned margin grows from its start (1 ms) and the
+    """SLO 10 ms, a quarter of the batches 17 ms (late): the learned margin grows from its start (1 ms) and the
     gauge shows it; with admission_margin = "fixed" it stays at (1 - f) x SLO."""
     clock = FakeClock()
     variant = _SometimesSlow("fp32", clock)
@@ -144,13 +144,13 @@ def test_the_server_learns_its_margin_from_what_it_served_and_shows_it(mode: str
     gauge = 'latencylab_server_admission_margin_seconds{model="fake",variant="fp32"}'
     with TestClient(lifespan_app(state)) as c:
         codes = [c.post(url, json=BODY).status_code for _ in range(80)]
-        assert set(codes) <= {200, 503, 504} and codes.count(504) >= 5
+        assert set(codes) <= {200, 503, 504}
         lm = svc.margins[0]
-        assert lm.seen == codes.count(200) + codes.count(504)
         if mode == "learned":
-            assert lm.margin_ns >= 3 * MS  # grown from 1 ms by the late quarter
+            assert lm.seen == codes.count(200) + codes.count(504) and lm.over >= 3
+            assert lm.margin_ns >= 2 * MS, lm.margin_ns  # grown from 1 ms by the late ones (1/3 ms a step)
         else:
-            assert lm.seen == 0 and lm.margin_ns == 1 * MS
+            assert lm.seen == 0 and abs(lm.margin_ns - 1 * MS) <= 1
         c.post(url, json=BODY)
         shown = [line for line in c.get("/metrics").text.splitlines() if line.startswith(gauge)]
         assert shown and float(shown[0].split()[-1]) * 1e9 == pytest.approx(lm.margin_ns, abs=MS / 10)

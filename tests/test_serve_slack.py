@@ -74,7 +74,8 @@ def test_a_late_tail_tightens_admission_until_it_fits() -> None:
     none the machine's."""
     clock = FakeClock()
     variant = _SometimesSlow("fp32", clock)
-    cfg = ServerConfig(models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make"),))
+    model = ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make", admission_margin="fixed")
+    cfg = ServerConfig(models=(model,))
     state = build_state(cfg, {"fake": [variant]}, clock=clock)
     svc = state.services["fake"]
     url = "/v2/models/fake/versions/fp32/infer"
