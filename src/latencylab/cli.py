@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from latencylab import __version__
-from latencylab.cliargs import fraction, non_negative_int, positive_float, positive_int
+from latencylab.cliargs import add_ray_arguments, fraction, non_negative_int, positive_float, positive_int
 from latencylab.errors import LatencyLabError
 
 EXIT_USAGE = 2
@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     from latencylab.load.gen_cli import add_gen_arguments
 
     add_gen_arguments(ld)
+    add_ray_arguments(ld)
 
     sv = sub.add_parser("serve", help="Open Inference Protocol server with batching and an SLO ladder")
     sv.add_argument("--config", help="TOML model repository config (see docs/serve.md)")
@@ -256,6 +257,8 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
+    if args.api and args.ray is not None:
+        raise LatencyLabError("--ray distributes OIP infer load tests; --api runs on one host")
     if args.api:
         from latencylab.load.gen_frontend import run_gen_load_command
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from latencylab.errors import LatencyLabError
 
-__all__ = ["fraction", "non_negative_int", "params", "positive_float", "positive_int"]
+__all__ = ["add_ray_arguments", "fraction", "non_negative_int", "params", "positive_float", "positive_int"]
 
 
 def params(pairs: Sequence[str]) -> dict[str, str]:
@@ -53,3 +53,17 @@ def fraction(text: str) -> float:
     if v >= 1:
         raise argparse.ArgumentTypeError(f"{text} must be a fraction in (0, 1), e.g. 0.99")
     return v
+
+
+def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ray [ADDRESS]`` and ``--workers N``: distributed load generation (latencylab.scaleout)."""
+    parser.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="generate the load from Ray actors (pip install 'latencylab[ray]'): ADDRESS of a running cluster "
+        "(ray://... or HOST:PORT), or none for RAY_ADDRESS / a local Ray instance",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workers", type=positive_int, default=None,
+        help="with --ray: N generator actors (one CPU each, spread over the nodes); the arrival process is split "
+        "so that their union is the one asked for (default 2)",
+    )  # fmt: skip

@@ -65,6 +65,8 @@ class LoadOptions:
     requests_jsonl: str | None = None
     plot: str | None = None
     quiet: bool = False
+    ray: str | None = None  # --ray [ADDRESS]: distributed generators (latencylab.scaleout); "" = local/RAY_ADDRESS
+    workers: int | None = None  # --workers N with --ray
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LoadOptions:
@@ -227,6 +229,9 @@ def _find_capacity(
     """``--find-capacity``: ``repeat_capacity`` (load/capacity.py) over Poisson runs, printed step by step."""
     from latencylab.load.capacity import SearchConfig, Segment, repeat_capacity
     from latencylab.load.runner import load_test
+    from latencylab.scaleout.cli import cluster_from
+
+    cluster = cluster_from(opts.ray, opts.workers)
 
     try:
         search = SearchConfig(
@@ -246,6 +251,13 @@ def _find_capacity(
             request_start_header=opts.request_start_header,
             spin=opts.spin,
         )
+        if cluster is not None:  # the same step, from the cluster's workers (their records merged)
+            run = cluster.run(
+                opts.url, path, payloads, Poisson(rate, seed), cfg, slo, opts.confidence, seed, abort_when,
+                keep_records=True, env=env, target_info=info,
+            )  # fmt: skip
+            assert run.records is not None
+            return Segment.from_run(rate, run.result, run.records)
         res, rec = load_test(
             opts.url, path, payloads, Poisson(rate, seed), cfg, slo, opts.confidence, seed,
             abort_when=abort_when, env=env, target_info=info,
@@ -266,7 +278,8 @@ def _find_capacity(
         console.print(escape(f"search {r + 1} of {opts.repeat}: capacity {rate} ({cap.reason})"))
 
     console.print(escape(f"capacity search for {slo.describe()} on {opts.url}{path}"))
-    spread = repeat_capacity(measure, slo, search, opts.repeat, opts.seed, on_step, on_search)
+    with cluster if cluster is not None else contextlib.nullcontext():
+        spread = repeat_capacity(measure, slo, search, opts.repeat, opts.seed, on_step, on_search)
     good = "-" if spread.goodput is None else f"{spread.goodput:.1f}/s"
     console.print(escape(f"capacity: {spread.describe()} offered, goodput {good}"))
     first = spread.searches[0]
@@ -299,6 +312,8 @@ def run_load(opts: LoadOptions, console: Console) -> int:
         raise LatencyLabError("--find-capacity needs --slo, e.g. --slo p99=100ms")
     if opts.find_capacity and (opts.concurrency or opts.arrivals):
         raise LatencyLabError("--find-capacity searches Poisson rates itself: drop --concurrency/--arrivals")
+    if opts.workers is not None and opts.ray is None:
+        raise LatencyLabError("--workers needs --ray [ADDRESS]")
     meta = fetch_metadata(opts.url, opts.model, opts.model_version)
     payloads = _payloads(opts, meta)
     path = infer_path(opts.model, opts.model_version)
@@ -332,17 +347,29 @@ def run_load(opts: LoadOptions, console: Console) -> int:
         if slo is None:
             raise LatencyLabError("--early-stop needs --slo")
         abort_when = _verdict_decided(slo, opts.confidence, opts.min_requests)
-    live, update = _progress(Console(stderr=True), opts.quiet)
-    with live if live is not None else contextlib.nullcontext():
-        result, rec = load_test(
-            opts.url, path, payloads, arrivals, cfg, slo, opts.confidence, opts.seed, update,
-            abort_when=abort_when, env=env, target_info=info,
-        )  # fmt: skip
+    from latencylab.scaleout.cli import cluster_from, render_workers
+
+    cluster = cluster_from(opts.ray, opts.workers)
+    if cluster is not None:  # --ray: the same test from N generator actors, merged (latencylab.scaleout)
+        with cluster:
+            run = cluster.run(
+                opts.url, path, payloads, arrivals, cfg, slo, opts.confidence, opts.seed, abort_when,
+                keep_records=bool(opts.requests_jsonl), env=env, target_info=info,
+            )  # fmt: skip
+        result, rec = run.result, run.records
+    else:
+        live, update = _progress(Console(stderr=True), opts.quiet)
+        with live if live is not None else contextlib.nullcontext():
+            result, rec = load_test(
+                opts.url, path, payloads, arrivals, cfg, slo, opts.confidence, opts.seed, update,
+                abort_when=abort_when, env=env, target_info=info,
+            )  # fmt: skip
     render_load(result, console)
+    render_workers(result, console)
     if opts.json:
         result.save(opts.json)
         console.print(escape(f"wrote {opts.json}"))
-    if opts.requests_jsonl:
+    if opts.requests_jsonl and rec is not None:
         write_requests_jsonl(opts.requests_jsonl, rec)
         console.print(escape(f"wrote {opts.requests_jsonl}"))
     if opts.plot:

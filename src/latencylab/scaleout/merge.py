@@ -256,8 +256,9 @@ def merge_summary(
         "client_cpu_s": _sum([r.get("cpu_s") for r in runs]),
         "client_cpu_share": cpu_share,
         "client_cpu_percent": None if cpu_share is None else 100 * cpu_share,
-        "client_cores": _sum([r.get("cores") for r in runs]),
-        "other_cpu_cores": _sum([r.get("other_cpu_cores") for r in runs]),
+        # per node, not per worker: workers sharing a node share its cores (and count each other as other work)
+        "client_cores": _per_node(parts, "cores"),
+        "other_cpu_cores": _per_node(parts, "other_cpu_cores"),
         "spin": spin or None,
         "spin_fraction": spun / n if spin and n else None,
         "connections_opened": _sum([r.get("connections_opened") for r in runs]),
@@ -310,6 +311,16 @@ def merge_summary(
         summary["stopped_early"] = stopped[0]
     summary["coordinated_omission"] = explain_omission(summary)
     return summary, hists
+
+
+def _per_node(parts: Sequence[WorkerPart], key: str) -> Any:
+    """The sum over nodes of the largest ``run[key]`` among each node's workers (None when none has it)."""
+    best: dict[str, float] = {}
+    for p in parts:
+        v = None if p.run is None else p.run.get(key)
+        if v is not None:
+            best[p.node] = max(best.get(p.node, v), v)
+    return sum(best.values()) if best else None
 
 
 def _merge_counts(maps: Sequence[Mapping[str, int]]) -> dict[str, int]:

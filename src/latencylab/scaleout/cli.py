@@ -1,0 +1,54 @@
+"""``latencylab load --ray [ADDRESS] --workers N``: the cluster from the options, and the per-worker table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from latencylab.errors import LatencyLabError
+from latencylab.load.results import LoadResult
+
+DEFAULT_WORKERS = 2
+
+
+def cluster_from(ray: str | None, workers: int | None) -> Any:
+    """A ``LoadCluster`` (not yet open) when ``--ray`` was given, else None (``--workers`` alone is refused)."""
+    if ray is None:
+        if workers is not None:
+            raise LatencyLabError("--workers needs --ray [ADDRESS]")
+        return None
+    from latencylab.scaleout.load_ray import LoadCluster  # imports ray only when a run opens the cluster
+
+    return LoadCluster(workers or DEFAULT_WORKERS, ray or None)
+
+
+def render_workers(result: LoadResult, console: Console) -> None:
+    """The per-worker breakdown of a distributed result (nothing for a one-host result)."""
+    rows = result.summary.get("workers")
+    if not rows:
+        return
+    t = Table(title="per worker", title_justify="left")
+    for col in ("worker", "node", "sent", "ok", "p50 ms", "p99 ms", "late", "start error ms", "valid"):
+        t.add_column(col, justify="left" if col == "node" else "right")
+
+    def num(v: Any, fmt: str = ".2f") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    for r in rows:
+        valid = "yes" if r.get("valid") else ("[red]NO[/red]" if r.get("valid") is False else "-")
+        t.add_row(
+            str(r["worker"]), escape(str(r["node"])), str(r["sent"]), str(r["ok"]), num(r.get("p50_ms")),
+            num(r.get("p99_ms")), f"{r['late_fraction']:.1%}", num(r.get("start_error_ms"), ".3f"),
+            valid + (" (partial)" if r.get("partial") else ""),
+        )  # fmt: skip
+    console.print(t)
+    d = result.summary.get("distributed", {})
+    console.print(
+        escape(
+            f"{d.get('workers')} workers ({d.get('split')}); clock offsets known to "
+            f"+/-{d.get('clock_uncertainty_max_ms', 0):.3f} ms; failed: {d.get('failed_workers') or 'none'}"
+        )
+    )
