@@ -273,5 +273,8 @@ def test_adaptive_k_shortens_when_drafting_costs_more() -> None:
             ak.update(5, 4)
     assert ak.alpha == cheap.alpha
     assert dear.k() < cheap.k()
+    # a fixed verify overhead favours longer runs: alpha 0.5, slope 0.1, base 1.0: k=2 1.75/2.2 = 0.795,
+    # k=3 1.875/2.3 = 0.815, k=4 1.9375/2.4 = 0.807 -> 3 (2 without the overhead, see above)
+    assert AdaptiveK(verify_base=1.0, verify_slope=0.1).k() == 3
     with pytest.raises(LatencyLabError):
         AdaptiveK(k_min=3, k_max=2)

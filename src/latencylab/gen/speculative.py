@@ -121,10 +121,12 @@ class AdaptiveK:
 
     Model (Leviathan et al., sec. 3): each drafted token is accepted with probability ``alpha``, independently,
     so a step with k drafts emits ``(1 - alpha**(k+1)) / (1 - alpha)`` tokens on average, at a cost of
-    ``1 + (verify_slope + draft_cost) * k`` in units of a one-token target forward. :meth:`k` is the k in
-    [k_min, k_max] with the most tokens per unit cost. ``alpha`` is estimated from decayed counts of accepted
-    drafts and of rejections (a step that stopped before its last draft ended on one rejection): the maximum
-    likelihood estimate under that model, starting from a prior of ``prior_alpha``.
+    ``1 + verify_base + (verify_slope + draft_cost) * k`` in units of a one-token target forward
+    (``verify_base``: what a multi-token forward costs over a one-token one before its per-token slope; on
+    a CPU, where a one-token forward is a matrix-vector product and more tokens a matrix product, it is
+    large). :meth:`k` is the k in [k_min, k_max] with the most tokens per unit cost. ``alpha`` is estimated
+    from decayed counts of accepted drafts and of rejections (a step that stopped before its last draft
+    ended on one rejection): the maximum likelihood estimate under that model, from a prior ``prior_alpha``.
     """
 
     def __init__(
@@ -132,16 +134,17 @@ class AdaptiveK:
         k_min: int = 1,
         k_max: int = 8,
         draft_cost: float = 0.0,
+        verify_base: float = 0.0,
         verify_slope: float = 0.1,
         decay: float = 0.9,
         prior_alpha: float = 0.5,
     ) -> None:
         if not 1 <= k_min <= k_max:
             raise LatencyLabError(f"adaptive k: need 1 <= k_min <= k_max, got {k_min}, {k_max}")
-        if draft_cost < 0 or verify_slope < 0 or not 0 < decay <= 1 or not 0 < prior_alpha < 1:
+        if draft_cost < 0 or verify_base < 0 or verify_slope < 0 or not 0 < decay <= 1 or not 0 < prior_alpha < 1:
             raise LatencyLabError("adaptive k: costs >= 0, decay in (0, 1], prior_alpha in (0, 1)")
         self.k_min, self.k_max = k_min, k_max
-        self.draft_cost, self.verify_slope, self.decay = draft_cost, verify_slope, decay
+        self.draft_cost, self.verify_base, self.verify_slope, self.decay = draft_cost, verify_base, verify_slope, decay
         self._accepted, self._rejected = prior_alpha, 1.0 - prior_alpha  # one pseudo-observation
 
     @property
@@ -158,7 +161,8 @@ class AdaptiveK:
         a = min(self.alpha, 1.0 - 1e-9)
         best, best_rate = self.k_min, -1.0
         for k in range(self.k_min, self.k_max + 1):
-            rate = (1 - a ** (k + 1)) / (1 - a) / (1 + (self.verify_slope + self.draft_cost) * k)
+            cost = 1 + self.verify_base + (self.verify_slope + self.draft_cost) * k
+            rate = (1 - a ** (k + 1)) / (1 - a) / cost
             if rate > best_rate + 1e-12:
                 best, best_rate = k, rate
         return best
