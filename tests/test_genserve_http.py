@@ -3,69 +3,24 @@ streaming, stop strings, bad input as 4xx JSON, shedding, disconnects, and the l
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from latencylab.genserve.fake import FakeEngine, FakeTokenizer
-from latencylab.genserve.scheduler import SchedulerConfig
+from genserve_servers import counts_of, events, fake_service, get, post, run_load
 from latencylab.genserve.server import serve_in_thread
-from latencylab.genserve.service import GenServeConfig, GenService
 
-REPLY = 5  # the fake reply: "abcd" then EOS
-
-
-def make_service(reply: int = REPLY, **over: Any) -> GenService:
-    eng = FakeEngine(None, prefill_ns_per_token=20_000, decode_base_ns=2_000_000, decode_ns_per_seq=100_000,
-                     reply_len=lambda s: reply)  # fmt: skip
-    cfg = GenServeConfig(
-        sched=over.pop("sched", SchedulerConfig(max_num_seqs=4)), context_window=over.pop("context_window", 200),
-        max_tokens_limit=over.pop("max_tokens_limit", 100), **over,
-    )  # fmt: skip
-    svc = GenService(cfg, FakeTokenizer(), eng, frozenset({2}))
-    svc.warmup(prompt_tokens=8, max_tokens=2)
-    return svc
+make_service = fake_service
 
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     with serve_in_thread(make_service()) as u:
         yield u
-
-
-def post(url: str, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    conn.request("POST", path, raw, {"Content-Type": "application/json", **(headers or {})})
-    resp = conn.getresponse()
-    out = resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    conn.close()
-    return out
-
-
-def get(url: str, path: str) -> tuple[int, bytes]:
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    conn.request("GET", path)
-    resp = conn.getresponse()
-    return resp.status, resp.read()
-
-
-def events(body: bytes) -> list[Any]:
-    out = []
-    for block in body.decode().split("\n\n"):
-        if block.startswith("data: "):
-            data = block[6:]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
 
 
 def test_models_lists_the_served_model(url: str) -> None:
@@ -257,27 +212,6 @@ def test_a_slow_reader_does_not_hold_up_the_batch() -> None:
             got += chunk
         slow.close()
         assert b"[DONE]" in got and b'"finish_reason": "length"' in got
-
-
-def counts_of(obj: Any) -> dict[str, Any]:
-    """The load result's summary (the dict with sent / ok / shed / error counts), wherever it sits."""
-    if isinstance(obj, dict):
-        if "sent" in obj and "ok" in obj:
-            return obj
-        for v in obj.values():
-            found = counts_of(v)
-            if found:
-                return found
-    return {}
-
-
-def run_load(url: str, out: Any, *extra: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "latencylab", "load", "--url", url, "--model", "gen", "--json", str(out), *extra],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return dict(json.loads(out.read_text()))
 
 
 def test_the_load_generator_drives_it_unchanged(tmp_path: Any) -> None:

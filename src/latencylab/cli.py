@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--threads", type=positive_int, help="torch intra-op threads")
     sv.add_argument("--compute-workers", type=positive_int, help="batches computed at once per variant (default 1)")
     sv.add_argument("--token-env", help="require a bearer token: the name of the env var holding it")
+    sv.add_argument("--ladder", help="--model gen: the SLO guard's ladder, e.g. fp32,int8,capped,cache (default fp32)")
     sv.add_argument(
         "--trust-request-start",
         action=argparse.BooleanOptionalAction,

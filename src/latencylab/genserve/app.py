@@ -7,6 +7,13 @@ with ``stream_options.include_usage``, ``data: [DONE]``), ``GET /v1/models``; ``
 ``{"error": {"message", "type", "param", "code"}}`` on /v1 and OIP's ``{"error": "..."}`` on /v2, never a
 5xx for bad input; overload is 503 + Retry-After. A client that disconnects cancels its sequence (freed at
 the next step).
+
+Every answer says which rung of the SLO guard's ladder produced it: a ``latencylab`` object in the body (the
+final chunk of a stream) with ``rung``, ``producer``, ``cached``, ``max_tokens_cap`` and ``capped``, and the
+``X-LatencyLab-Rung`` (``-Max-Tokens-Cap``, ``-Cache``) headers. ``GET /v2/models/{m}/guard`` shows the ladder,
+the guard's state and the cache. With a tracer provider, each request is one ``infer`` span (the caller's
+``traceparent`` its parent) with ``queue``, ``prefill``, ``decode`` and ``send`` children
+(serve/tracing.py), emitted when the request ends.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from latencylab.genserve.api import BadRequest, GenParams, parse_chat, parse_com
 from latencylab.genserve.service import GenService, TokenStream
 from latencylab.serve.admission import Shed, retry_after_header
 from latencylab.serve.limits import DISCONNECT, DisconnectHook, HttpLimits
+from latencylab.serve.tracing import RequestTracer
 
 log = logging.getLogger("latencylab.genserve")
 JSON = "application/json"
@@ -48,9 +56,12 @@ def _oip_error(status: int, message: str, headers: dict[str, str] | None = None)
     return Response(json.dumps({"error": message}), status, media_type=JSON, headers=headers)
 
 
-def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = None) -> Starlette:
+def build_gen_app(
+    svc: GenService, token: str | None = None, lifespan: Any = None, tracer_provider: Any = None
+) -> Starlette:
     ids = itertools.count(1)
     cfg = svc.cfg
+    tracer = RequestTracer(tracer_provider)
 
     def authorised(request: Request) -> bool:
         if token is None:
@@ -82,11 +93,13 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
             raise BadRequest(f"unknown model {name!r}; this server has {svc.cfg.model_name!r}", 404, "model")
 
     async def open_stream(request: Request, parse: Any) -> tuple[GenParams, TokenStream]:
-        start = svc.now_ns()
+        start, epoch0 = svc.now_ns(), time.time_ns()
         body = await read_body(request)
         params = parse(body)
         check_model(params.model)
-        return params, svc.open(params, start)
+        stream = svc.open(params, start)
+        stream.epoch0 = epoch0
+        return params, stream
 
     def watch(request: Request, stream: TokenStream) -> DisconnectHook | None:
         hook: DisconnectHook | None = request.scope.get("extensions", {}).get(DISCONNECT)
@@ -131,10 +144,11 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
                 if params.stream:
                     return StreamingResponse(
                         sse_openai(request, stream, rid, created, chat), media_type="text/event-stream",
-                        headers=SSE_HEADERS,
+                        headers={**SSE_HEADERS, **stream.headers()},
                     )  # fmt: skip
                 text = await whole(request, stream)
                 if stream.finish == "error":
+                    done(request, stream)
                     return _oai_error(500, stream.error or "generation failed")
                 choice: dict[str, Any] = {"index": 0, "finish_reason": stream.finish_reason, "logprobs": None}
                 if chat:
@@ -144,9 +158,10 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
                 body = {
                     "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                     "model": cfg.model_name, "choices": [choice], "usage": usage(stream),
+                    "latencylab": stream.label(),
                 }  # fmt: skip
-                done(stream)
-                return Response(json.dumps(body), media_type=JSON)
+                done(request, stream)
+                return Response(json.dumps(body), media_type=JSON, headers=stream.headers())
 
             return await refusal(request, True, run)
 
@@ -160,11 +175,46 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
             if not stream.finish:
                 svc.cancel(stream)
 
-    def done(stream: TokenStream) -> None:
-        code = (
-            "200" if stream.finish not in ("cancelled", "error") else ("499" if stream.finish == "cancelled" else "500")
-        )
-        svc.metrics.requests.labels(cfg.model_name, code, stream.finish or "-").inc()
+    def done(request: Request, stream: TokenStream, code: str | None = None) -> None:
+        if code is None:
+            code = "200" if stream.finish not in ("cancelled", "error") else (
+                "499" if stream.finish == "cancelled" else "500")  # fmt: skip
+        svc.metrics.requests.labels(cfg.model_name, code, stream.finish or "cancelled").inc()
+        if tracer.enabled:
+            trace(request, stream)
+
+    def trace(request: Request, stream: TokenStream) -> None:
+        """The request's span and its children (the module docstring), from the times its sequence kept."""
+        start, end = stream.start_ns, svc.now_ns()
+
+        def ep(ns: int) -> int:
+            return stream.epoch0 + (ns - start)
+
+        label = stream.label()
+        attrs: dict[str, Any] = {
+            "latencylab.model": cfg.model_name, "latencylab.rung": label["rung"],
+            "latencylab.producer": label["producer"], "latencylab.cached": label["cached"],
+            "latencylab.capped": label["capped"], "latencylab.finish_reason": stream.finish or "cancelled",
+            "latencylab.prompt_tokens": stream.prompt_tokens, "latencylab.completion_tokens": stream.completion_tokens,
+        }  # fmt: skip
+        spans: list[tuple[str, int, int]] = []
+        seq = stream.seq
+        if seq is None:  # answered from the cache
+            spans.append(("cache", ep(start), ep(end)))
+        else:
+            joined = seq.joined_ns if seq.joined_ns is not None else end
+            spans.append(("queue", ep(start), ep(joined)))
+            first = seq.first_token_ns
+            if seq.joined_ns is not None:
+                spans.append(("prefill", ep(joined), ep(first if first is not None else end)))
+            if first is not None:
+                last = seq.token_ns[-1]
+                spans.append(("decode", ep(first), ep(last)))
+                spans.append(("send", ep(last), ep(max(last, end))))
+                attrs["latencylab.ttft_ms"] = (first - start) / 1e6
+                if len(seq.token_ns) >= 2:
+                    attrs["latencylab.tpot_ms"] = (last - first) / (len(seq.token_ns) - 1) / 1e6
+        tracer.emit(dict(request.headers), ep(start), ep(end), spans, attrs)
 
     async def sse_openai(
         request: Request, stream: TokenStream, rid: str, created: int, chat: bool
@@ -185,6 +235,8 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
                 choice["text"] = delta or ""
                 choice["logprobs"] = None
             body = {"id": rid, "object": obj, "created": created, "model": cfg.model_name, "choices": [choice]}
+            if finish is not None:
+                body["latencylab"] = stream.label()
             return b"data: " + json.dumps(body).encode() + b"\n\n"
 
         try:
@@ -202,11 +254,11 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
                             "usage": usage(stream)}  # fmt: skip
                     yield b"data: " + json.dumps(body).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
-            done(stream)
+            done(request, stream)
         finally:
             if not stream.finish:  # the client went away mid-stream (the generator was closed)
                 svc.cancel(stream)
-                svc.metrics.requests.labels(cfg.model_name, "499", "cancelled").inc()
+                done(request, stream, "499")
 
     async def models(request: Request) -> Response:
         if not authorised(request):
@@ -227,16 +279,17 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
                 )
                 if streaming:
                     return StreamingResponse(
-                        sse_oip(request, stream), media_type="text/event-stream", headers=SSE_HEADERS
-                    )
+                        sse_oip(request, stream), media_type="text/event-stream",
+                        headers={**SSE_HEADERS, **stream.headers()},
+                    )  # fmt: skip
                 text = await whole(request, stream)
-                done(stream)
+                done(request, stream)
                 if stream.finish == "error":
                     return _oip_error(500, stream.error or "generation failed")
                 body = {"model_name": cfg.model_name, "model_version": "1", "text_output": text,
                         "finish_reason": stream.finish_reason, "prompt_tokens": stream.prompt_tokens,
-                        "completion_tokens": stream.completion_tokens}  # fmt: skip
-                return Response(json.dumps(body), media_type=JSON)
+                        "completion_tokens": stream.completion_tokens, "latencylab": stream.label()}  # fmt: skip
+                return Response(json.dumps(body), media_type=JSON, headers=stream.headers())
 
             return await refusal(request, False, run)
 
@@ -254,13 +307,14 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
                 end = {
                     "model_name": cfg.model_name, "model_version": "1", "text_output": "",
                     "finish_reason": stream.finish_reason, "completion_tokens": stream.completion_tokens,
+                    "latencylab": stream.label(),
                 }  # fmt: skip
                 yield b"data: " + json.dumps(end).encode() + b"\n\n"
-            done(stream)
+            done(request, stream)
         finally:
             if not stream.finish:
                 svc.cancel(stream)
-                svc.metrics.requests.labels(cfg.model_name, "499", "cancelled").inc()
+                done(request, stream, "499")
 
     # -- health, metadata, metrics
 
@@ -284,9 +338,18 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
             "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [1]}],
             "parameters": {"context_window": cfg.context_window, "max_tokens_limit": cfg.max_tokens_limit,
                            "max_num_seqs": s.max_num_seqs, "kv_budget_tokens": s.kv_budget_tokens,
-                           "prefill_chunk_tokens": s.prefill_chunk_tokens, "ttft_slo_s": cfg.ttft_slo_s},
+                           "prefill_chunk_tokens": s.prefill_chunk_tokens, "ttft_slo_s": cfg.ttft_slo_s,
+                           "tpot_slo_s": cfg.tpot_slo_s, "ladder": svc.snapshot()["ladder"]},
         }  # fmt: skip
         return Response(json.dumps(meta), media_type=JSON)
+
+    async def guard_state(request: Request) -> Response:
+        if not authorised(request):
+            return _oip_error(401, "missing or wrong bearer token")
+        name = request.path_params["model"]
+        if name not in svc.names:
+            return _oip_error(404, f"unknown model {name!r}; this server has {cfg.model_name!r}")
+        return Response(json.dumps(svc.snapshot()), media_type=JSON)
 
     async def metrics(request: Request) -> Response:
         return Response(svc.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -298,6 +361,7 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
         Route("/v2/models/{model}/generate", generate_route(False), methods=["POST"]),
         Route("/v2/models/{model}/generate_stream", generate_route(True), methods=["POST"]),
         Route("/v2/models/{model}", model_meta),
+        Route("/v2/models/{model}/guard", guard_state),
         Route("/v2/health/live", live),
         Route("/v2/health/ready", ready),
         Route("/metrics", metrics),
@@ -318,7 +382,7 @@ def build_gen_app(svc: GenService, token: str | None = None, lifespan: Any = Non
     return app
 
 
-def lifespan_gen_app(svc: GenService, token: str | None = None) -> Starlette:
+def lifespan_gen_app(svc: GenService, token: str | None = None, tracer_provider: Any = None) -> Starlette:
     """The app with the step thread started on startup and stopped on shutdown."""
     holder: dict[str, Starlette] = {}
 
@@ -332,6 +396,6 @@ def lifespan_gen_app(svc: GenService, token: str | None = None) -> Starlette:
             holder["app"].state.ready = False
             await asyncio.to_thread(svc.stop)
 
-    app = build_gen_app(svc, token, lifespan)
+    app = build_gen_app(svc, token, lifespan, tracer_provider)
     holder["app"] = app
     return app

@@ -2,12 +2,14 @@
 
 Server-side token times are on the scheduler's clock: TTFT from the handler's start to the end of the step
 that chose the first token; ITL between the steps that chose consecutive tokens; TPOT = (last - first) /
-(tokens - 1) per request; queue = handler start to joining the running batch.
+(tokens - 1) per request; queue = handler start to joining the running batch. Shadow probes of the SLO guard
+(a sequence whose ``user`` has ``shadow = True``) are left out of the request histograms and token counts:
+they are the guard's evidence, not traffic. The ladder's own series: the rung (``ladder_level``), the alarm,
+transitions, probes, answer-cache lookups, requests per rung, the switch time.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -57,7 +59,29 @@ class GenMetrics:
             ["model", "code", "finish"], registry=r,
         )  # fmt: skip
         self.shed = Counter("latencylab_gen_shed", "Requests refused (503) by reason.", ["model", "reason"], registry=r)
-        self._recent: deque[tuple[float, int]] = deque()
+        # the SLO guard's ladder (docs/genserve.md)
+        self.ladder_level = Gauge(
+            "latencylab_gen_ladder_level", "The guard's rung (0 = the top of the ladder).", labels, registry=r
+        )
+        self.alarm = Gauge("latencylab_gen_alarm", "1 while the guard serves from its last rung.", labels, registry=r)
+        self.transitions = Counter(
+            "latencylab_gen_ladder_transitions", "Guard steps by direction.", ["model", "direction"], registry=r
+        )
+        self.probes = Counter(
+            "latencylab_gen_probes", "Shadow probes of the rung above, by rung.", ["model", "rung"], registry=r
+        )
+        self.cache = Counter(
+            "latencylab_gen_cache_lookups", "Answer-cache lookups on the cache rung (hit, stale, miss).",
+            ["model", "result"], registry=r,
+        )  # fmt: skip
+        self.rung_requests = Counter(
+            "latencylab_gen_rung_requests", "Requests by the rung that answered them.", ["model", "rung"], registry=r
+        )
+        self.switch = Histogram(
+            "latencylab_gen_ladder_switch_seconds", "Guard decision to the first response at the new rung.",
+            ["model", "rung"], buckets=_TIME, registry=r,
+        )  # fmt: skip
+        self._recent: deque[tuple[int, int]] = deque()
 
     def observe_step(self, rep: StepReport) -> None:
         m = self.model
@@ -67,26 +91,36 @@ class GenMetrics:
         if rep.decode_batch:
             self.decode_step.labels(m).observe(rep.decode_ns / 1e9)
             self.batch.labels(m).observe(rep.decode_batch)
-        n = len(rep.tokens)
-        if n:
-            self.tokens.labels(m, "completion").inc(n)
+        n = 0
         for s, _ in rep.tokens:
+            if _shadow(s):
+                continue
+            n += 1
             if len(s.token_ns) >= 2:
                 self.itl.labels(m).observe((s.token_ns[-1] - s.token_ns[-2]) / 1e9)
+        if n:
+            self.tokens.labels(m, "completion").inc(n)
         for s in rep.joined:
-            if s.joined_ns is not None:
+            if s.joined_ns is not None and not _shadow(s):
                 self.queue.labels(m).observe((s.joined_ns - s.arrival_ns) / 1e9)
         for s in rep.finished:
-            self.observe_finish(s)
-        self.running.labels(m).set(rep.running)
-        self.waiting.labels(m).set(rep.waiting)
-        self.kv_usage.labels(m).set(rep.kv_reserved / self.kv_budget)
-        self.kv_used.labels(m).set(rep.kv_used)
-        now = time.monotonic()
+            if not _shadow(s):
+                self.observe_finish(s)
+        self.set_state(rep.running, rep.waiting, rep.kv_reserved, rep.kv_used)
+        # tokens/s over the last 10 s of the scheduler's clock (the end of each step)
+        now = rep.end_ns
         self._recent.append((now, n))
-        while self._recent and self._recent[0][0] < now - 10.0:
+        while self._recent and self._recent[0][0] < now - 10_000_000_000:
             self._recent.popleft()
         self.tokens_per_s.labels(m).set(sum(k for _, k in self._recent) / 10.0)
+
+    def set_state(self, running: int, waiting: int, kv_reserved: int, kv_used: int) -> None:
+        """The batch's state after a step (summed over the schedulers when the ladder has more than one)."""
+        m = self.model
+        self.running.labels(m).set(running)
+        self.waiting.labels(m).set(waiting)
+        self.kv_usage.labels(m).set(kv_reserved / self.kv_budget)
+        self.kv_used.labels(m).set(kv_used)
 
     def observe_finish(self, s: Seq) -> None:
         m = self.model
@@ -97,3 +131,7 @@ class GenMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _shadow(s: Seq) -> bool:
+    return bool(getattr(s.user, "shadow", False))

@@ -36,11 +36,18 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
     slo_ms = getattr(args, "slo_ms", None)
     if slo_ms is not None:
         over["ttft_slo_s"] = slo_ms / 1e3
+    ladder = getattr(args, "ladder", None)
+    if ladder:
+        over["ladder"] = tuple(x.strip() for x in ladder.split(",") if x.strip())
     return GenServeConfig(**over)
 
 
 def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> GenService:
-    """The service over SmolLM2 (``lm``: a ``LoadedModel``; default: ``load_model()``), warmed up."""
+    """The service over SmolLM2 (``lm``: a ``LoadedModel``; default: ``load_model()``), warmed up.
+
+    A ladder with an ``int8`` rung gets a dynamically quantised copy of the model as its engine; with
+    ``cfg.int8_fidelity`` its fidelity is measured in a background thread (once per model: it is stored) and
+    shown in the model's metadata and ``/v2/models/{m}/guard`` when ready."""
     import dataclasses
 
     from latencylab.genserve.engine import TorchEngine
@@ -56,10 +63,46 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
         aliases=tuple(dict.fromkeys((*cfg.aliases, MODEL_NAME))),
         max_tokens_limit=min(cfg.max_tokens_limit, window),
     )  # fmt: skip
-    svc = GenService(cfg, HfCodec(lm.tokenizer), TorchEngine(lm.model), eos_ids(lm.tokenizer, lm.model))
+    from latencylab.genserve.ladder import CACHE, CAPPED
+
+    known = ("fp32", "int8", CAPPED, CACHE)
+    unknown = [r for r in cfg.ladder if r not in known]
+    if unknown:
+        raise LatencyLabError(f"unknown ladder rung {unknown[0]!r} for SmolLM2; known: {', '.join(known)}")
+    engines = {"fp32": lm.model}
+    if "int8" in cfg.ladder:
+        from latencylab.genserve.int8 import quantize_int8
+
+        engines["int8"] = quantize_int8(lm.model)
+    top = cfg.ladder[0]
+    standby = {name: TorchEngine(m) for name, m in engines.items() if name != top and name in cfg.ladder}
+    svc = GenService(
+        cfg, HfCodec(lm.tokenizer), TorchEngine(engines[top]), eos_ids(lm.tokenizer, lm.model), standby=standby
+    )
+    svc.info["fp32"] = {"description": "the FP32 model"}
+    if "int8" in engines:
+        svc.info["int8"] = {"description": "INT8 weights (per output channel) of every nn.Linear, FP32 activations"}
+        if cfg.int8_fidelity:
+            _measure_fidelity(svc, lm, engines["int8"])
     if warmup:
         svc.warmup()
     return svc
+
+
+def _measure_fidelity(svc: GenService, lm: Any, int8: Any) -> None:
+    """The int8 rung's fidelity, in a thread (minutes on the first start; read back from its file after)."""
+    from latencylab.genserve.int8 import int8_fidelity
+
+    def run() -> None:
+        try:
+            got = int8_fidelity(lm.tokenizer, lm.model, int8, lm.path.name)
+        except Exception as exc:
+            log.warning("int8 fidelity not measured: %s", exc)
+            return
+        svc.info["int8"]["fidelity"] = got.to_dict()
+        log.info("int8 rung fidelity: %s", ", ".join(f"{k} {v:.4f}" for k, v in got.to_dict().items()))
+
+    threading.Thread(target=run, name="genserve-int8-fidelity", daemon=True).start()
 
 
 def uvicorn_config(app: Any) -> Any:
@@ -83,15 +126,23 @@ def token_of(cfg: GenServeConfig) -> str | None:
     return token
 
 
+def tracer_provider_of(cfg: GenServeConfig) -> Any:
+    if not cfg.otlp_endpoint:
+        return None
+    from latencylab.serve.tracing import make_tracer_provider
+
+    return make_tracer_provider(cfg.otlp_endpoint, service_name="latencylab-genserve")
+
+
 @contextmanager
-def serve_in_thread(svc: GenService, token: str | None = None) -> Iterator[str]:
+def serve_in_thread(svc: GenService, token: str | None = None, tracer_provider: Any = None) -> Iterator[str]:
     """Serve ``svc`` on 127.0.0.1 (any free port) in a thread; yields its base URL."""
     import uvicorn
 
     from latencylab.genserve.app import lifespan_gen_app
     from latencylab.serve.app import bind
 
-    server = uvicorn.Server(uvicorn_config(lifespan_gen_app(svc, token)))
+    server = uvicorn.Server(uvicorn_config(lifespan_gen_app(svc, token, tracer_provider)))
     sock = bind("127.0.0.1", 0)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
@@ -123,7 +174,7 @@ def run_gen_serve(args: argparse.Namespace) -> int:
     token = token_of(cfg)
     svc = build_service(cfg)
     sock = bind(cfg.host, cfg.port)
-    server = uvicorn.Server(uvicorn_config(lifespan_gen_app(svc, token)))
+    server = uvicorn.Server(uvicorn_config(lifespan_gen_app(svc, token, tracer_provider_of(svc.cfg))))
 
     async def serve() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -138,6 +189,12 @@ def run_gen_serve(args: argparse.Namespace) -> int:
                 f"tokens, TTFT SLO {svc.cfg.ttft_slo_s:g} s",
                 flush=True,
             )
+            if svc.guard is not None:
+                print(
+                    f"  SLO guard: ladder {' -> '.join(r.name for r in svc.rungs)}, TTFT p99 <= "
+                    f"{svc.cfg.ttft_slo_s:g} s, TPOT p99 <= {svc.cfg.tpot_slo_s * 1e3:g} ms",
+                    flush=True,
+                )
         await task
 
     asyncio.run(serve())

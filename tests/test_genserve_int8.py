@@ -1,0 +1,34 @@
+"""The guard's INT8 rung on the real model (SmolLM2): once the guard steps down, the INT8 copy answers, and the
+answer says so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from genserve_servers import post, real_server
+
+pytestmark = pytest.mark.slow  # loads SmolLM2, quantises a copy, generates for real
+
+
+def test_the_int8_rung_answers_and_is_labelled() -> None:
+    guard = {"dwell_s": 0.0, "min_samples": 1, "window_s": 60.0}  # one breach steps down; no quiet step up here
+    with real_server(ladder=("fp32", "int8"), int8_fidelity=False, ttft_slo_s=30.0, guard=guard) as (url, svc):
+        from latencylab.genserve.int8 import quantize_int8
+
+        assert type(svc.scheds["int8"].engine.model).__name__ == type(quantize_int8(svc.engine.model)).__name__
+        ask = {"model": "gen", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+               "max_tokens": 12}  # fmt: skip
+        status, headers, body = post(url, "/v1/chat/completions", ask, timeout=120)
+        assert status == 200 and headers["x-latencylab-rung"] == "fp32"
+        assert svc.guard is not None
+        svc.guard.slo.observe(0, 1e12)  # a breach at fp32: the guard's next decision steps down to int8
+        svc.evaluate_guard()  # (or the step thread's timer did, first)
+        assert svc.guard.level == 1
+        status, headers, body = post(url, "/v1/chat/completions", ask, timeout=120)
+        obj = json.loads(body)
+        assert status == 200 and headers["x-latencylab-rung"] == "int8"
+        assert obj["latencylab"]["rung"] == "int8" and obj["latencylab"]["producer"] == "int8"
+        assert "Paris" in obj["choices"][0]["message"]["content"]
+        assert svc.scheds["int8"].costs.seeded  # warmed up before serving, as the top rung is
