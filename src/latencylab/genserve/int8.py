@@ -14,7 +14,8 @@ and MLP projections and the LM head; the embedding table stays FP32):
 :func:`int8_fidelity` scores the copy with the gen workload's own scorer (workloads/gen_fidelity.py: greedy
 prefix agreement and exact answers against the FP32 reference on 16 prompts, teacher-forced top-1 agreement,
 perplexity on held-out text) and stores the score beside the reference, keyed by the converted model and the
-method, so a server measures it once. ``python -m latencylab.genserve.int8 [--method weight|dynamic]`` prints it.
+method: ``python -m latencylab.genserve.int8 [--method weight|dynamic]`` measures and prints it, and a server
+with an ``int8`` rung shows the stored score (it does not spend its CPU measuring).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from latencylab.workloads.gen_fidelity import FIDELITY_VERSION, FidelityScore
 
-__all__ = ["METHODS", "int8_fidelity", "quantize_int8"]
+__all__ = ["METHODS", "int8_fidelity", "quantize_int8", "stored_fidelity"]
 
 METHODS = ("weight", "dynamic")
 
@@ -82,19 +83,34 @@ def quantize_int8(model: Any, method: str = "weight") -> Any:
     return q
 
 
+def _score_path(key: str, method: str) -> Any:
+    from latencylab.workloads.gen_model import cache_root
+
+    return cache_root() / f"int8-{method}-fidelity-{key}-v{FIDELITY_VERSION}.json"
+
+
+def stored_fidelity(key: str, method: str = "weight") -> FidelityScore | None:
+    """The score :func:`int8_fidelity` stored for ``key`` and ``method``, if any (the server reads it; measuring
+    takes minutes of CPU a server should spend on its requests)."""
+    path = _score_path(key, method)
+    try:
+        doc = json.loads(path.read_text())
+        return FidelityScore(**{k: v for k, v in doc.items() if k != "perplexity_ratio"})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def int8_fidelity(tokenizer: Any, fp32: Any, int8: Any, key: str, method: str = "weight") -> FidelityScore:
     """The INT8 copy scored against the FP32 reference (built on first use), stored per ``key`` (the converted
     model's directory name) and ``method``."""
     from latencylab.workloads.gen_fidelity import build_reference, load_or_build_reference, score
     from latencylab.workloads.gen_model import cache_root
 
+    stored = stored_fidelity(key, method)
+    if stored is not None:
+        return stored
     root = cache_root()
-    path = root / f"int8-{method}-fidelity-{key}-v{FIDELITY_VERSION}.json"
-    if path.is_file():
-        try:
-            return FidelityScore(**{k: v for k, v in json.loads(path.read_text()).items() if k != "perplexity_ratio"})
-        except (OSError, ValueError, TypeError):
-            pass  # unreadable: score again
+    path = _score_path(key, method)
     ref = load_or_build_reference(
         root / f"reference-{key}-v{FIDELITY_VERSION}.json", lambda: build_reference(tokenizer, fp32, key=key)
     )

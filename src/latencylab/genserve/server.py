@@ -45,9 +45,9 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
 def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> GenService:
     """The service over SmolLM2 (``lm``: a ``LoadedModel``; default: ``load_model()``), warmed up.
 
-    A ladder with an ``int8`` rung gets a dynamically quantised copy of the model as its engine; with
-    ``cfg.int8_fidelity`` its fidelity is measured in a background thread (once per model: it is stored) and
-    shown in the model's metadata and ``/v2/models/{m}/guard`` when ready."""
+    A ladder with an ``int8`` rung gets a weight-only INT8 copy of the model as its engine; with
+    ``cfg.int8_fidelity`` the score ``python -m latencylab.genserve.int8`` stored for it is shown in the model's
+    metadata and ``/v2/models/{m}/guard`` (or how to measure it)."""
     import dataclasses
 
     from latencylab.genserve.engine import TorchEngine
@@ -83,26 +83,15 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
     if "int8" in engines:
         svc.info["int8"] = {"description": "INT8 weights (per output channel) of every nn.Linear, FP32 activations"}
         if cfg.int8_fidelity:
-            _measure_fidelity(svc, lm, engines["int8"])
+            from latencylab.genserve.int8 import stored_fidelity
+
+            got = stored_fidelity(lm.path.name)
+            svc.info["int8"]["fidelity"] = (
+                got.to_dict() if got is not None else "not measured: python -m latencylab.genserve.int8"
+            )
     if warmup:
         svc.warmup()
     return svc
-
-
-def _measure_fidelity(svc: GenService, lm: Any, int8: Any) -> None:
-    """The int8 rung's fidelity, in a thread (minutes on the first start; read back from its file after)."""
-    from latencylab.genserve.int8 import int8_fidelity
-
-    def run() -> None:
-        try:
-            got = int8_fidelity(lm.tokenizer, lm.model, int8, lm.path.name)
-        except Exception as exc:
-            log.warning("int8 fidelity not measured: %s", exc)
-            return
-        svc.info["int8"]["fidelity"] = got.to_dict()
-        log.info("int8 rung fidelity: %s", ", ".join(f"{k} {v:.4f}" for k, v in got.to_dict().items()))
-
-    threading.Thread(target=run, name="genserve-int8-fidelity", daemon=True).start()
 
 
 def uvicorn_config(app: Any) -> Any:
