@@ -86,7 +86,7 @@ SERVER_CPU, CLIENT_CPU = 1, 0
 LLAMACPP_VENV = ROOT / "benchmarks" / ".venvs" / "llamacpp"
 TFSERVE_VENV = ROOT / "benchmarks" / ".venvs" / "tfserve"
 RELAYS: dict[int, Running] = {}  # server pid -> the relay in front of it (transformers-serve)
-START = {"naive": 0.1, "static": 0.2, "latencylab": 0.3, "llamacpp": 0.3, "transformers-serve": 0.1}
+START = {"naive": 0.1, "static": 0.1, "latencylab": 0.2, "llamacpp": 0.2, "transformers-serve": 0.1}
 
 
 @dataclass(frozen=True)
