@@ -83,6 +83,19 @@ def test_a_ladder_that_cannot_be_served_is_refused() -> None:
             plan_ladder(bad, ["fp32", "int8"], 32)
 
 
+def test_serve_ladder_flag_is_checked_before_the_model_loads() -> None:
+    import argparse
+
+    from latencylab.genserve.server import config_from_args
+
+    assert config_from_args(argparse.Namespace(ladder="fp32, int8,capped,cache")).ladder == (
+        "fp32", "int8", "capped", "cache",
+    )  # fmt: skip
+    assert config_from_args(argparse.Namespace()).ladder == ("fp32",)  # no flag: one rung, no guard
+    with pytest.raises(LatencyLabError, match="unknown ladder rung 'bf16'"):
+        config_from_args(argparse.Namespace(ladder="fp32,bf16"))
+
+
 def test_the_cache_key_is_the_whole_request_and_only_for_deterministic_answers() -> None:
     k = AnswerCache.key([5, 6], 8, 0.0, 1.0, None, ())
     assert k is not None and k == AnswerCache.key([5, 6], 8, 0.0, 1.0, None, ())

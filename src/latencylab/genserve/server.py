@@ -23,6 +23,7 @@ from latencylab.genserve.scheduler import SchedulerConfig
 from latencylab.genserve.service import GenServeConfig, GenService, HfCodec
 
 log = logging.getLogger("latencylab.genserve")
+ENGINES = ("fp32", "int8")  # the model rungs build_service can make for SmolLM2
 
 
 def config_from_args(args: argparse.Namespace) -> GenServeConfig:
@@ -38,7 +39,10 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
         over["ttft_slo_s"] = slo_ms / 1e3
     ladder = getattr(args, "ladder", None)
     if ladder:
+        from latencylab.genserve.ladder import plan_ladder
+
         over["ladder"] = tuple(x.strip() for x in ladder.split(",") if x.strip())
+        plan_ladder(over["ladder"], ENGINES, 1)  # a bad ladder fails before the model loads
     return GenServeConfig(**over)
 
 
@@ -63,12 +67,9 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
         aliases=tuple(dict.fromkeys((*cfg.aliases, MODEL_NAME))),
         max_tokens_limit=min(cfg.max_tokens_limit, window),
     )  # fmt: skip
-    from latencylab.genserve.ladder import CACHE, CAPPED
+    from latencylab.genserve.ladder import plan_ladder
 
-    known = ("fp32", "int8", CAPPED, CACHE)
-    unknown = [r for r in cfg.ladder if r not in known]
-    if unknown:
-        raise LatencyLabError(f"unknown ladder rung {unknown[0]!r} for SmolLM2; known: {', '.join(known)}")
+    plan_ladder(cfg.ladder, ENGINES, cfg.cap_tokens)
     engines = {"fp32": lm.model}
     if "int8" in cfg.ladder:
         from latencylab.genserve.int8 import quantize_int8
