@@ -99,6 +99,16 @@ class LoadWorker:
         """This worker's wall clock (the clock-offset probe)."""
         return time.time_ns()
 
+    def pin(self, cores: Sequence[int]) -> list[int]:
+        """Run this worker (its process, all threads) on ``cores`` only (Linux); the CPUs it may use now."""
+        import os
+
+        pid = os.getpid()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), set(cores))
+        return sorted(os.sched_getaffinity(0))
+
     def run(self, spec: WorkerSpec) -> WorkerPart:
         """Run this worker's share from the common start instant; its final part (with its own summary)."""
         offset = wall_offset_ns()  # unix ns - perf_counter_ns, on this host
@@ -107,8 +117,8 @@ class LoadWorker:
         def live(read: Callable[[int], Records]) -> None:
             # called right after the generator fixed its start: the later of the asked instant and 20 ms out
             self.start_unix_ns = max(start_perf, time.perf_counter_ns() + 20_000_000) + offset
-            with self._lock:
-                self._read = read
+            with self._lock:  # a new run: nothing of it shipped yet
+                self._read, self._cursor, self._shipped = read, 0, set()
 
         rec, stats = run_load(
             spec.url, spec.path, spec.payloads, spec.arrivals, spec.cfg, spec.seed, None,
@@ -190,6 +200,7 @@ class LoadCluster:
         start_lead_s: float = 1.0,
         clock_rounds: int = 8,
         spread: bool = True,
+        pin_cores: Sequence[int] | None = None,
     ) -> None:
         if workers < 1:
             raise LatencyLabError("--workers must be >= 1")
@@ -199,6 +210,7 @@ class LoadCluster:
         self.start_lead_s = start_lead_s
         self.clock_rounds = clock_rounds
         self.spread = spread
+        self.pin_cores = tuple(pin_cores) if pin_cores else None  # worker i on core pin_cores[i % len]
         self.actors: list[Any] = []
         self.nodes: list[str] = []
         self._started_ray = False
@@ -218,6 +230,12 @@ class LoadCluster:
             self._started_ray = True
         self.actors = [self._actor(i) for i in range(self.n)]
         self.nodes = ray.get([a.node.remote() for a in self.actors])  # placed and ready
+        self._pin()
+
+    def _pin(self) -> None:
+        if self.pin_cores:
+            cores = self.pin_cores
+            self._ray.get([a.pin.remote([cores[i % len(cores)]]) for i, a in enumerate(self.actors)])
 
     def _actor(self, index: int) -> Any:
         ray = self._ray
@@ -270,7 +288,12 @@ class LoadCluster:
         ray = self._ray
         if ray is None:
             raise LatencyLabError("open the cluster first (with LoadCluster(...) as cluster: ...)")
-        self.actors = [a if self._alive(a) else self._actor(i) for i, a in enumerate(self.actors)]
+        alive = [self._alive(a) for a in self.actors]
+        self.actors = [a if ok else self._actor(i) for i, (a, ok) in enumerate(zip(self.actors, alive, strict=True))]
+        if not all(alive):
+            self._pin()
+        if cfg.mode == "closed" and cfg.concurrency < self.n:
+            raise LatencyLabError(f"--concurrency {cfg.concurrency} is fewer users than --workers {self.n}")
         offsets = self.offsets()
         streams = split_arrivals(arrivals, self.n, seed) if arrivals is not None else [None] * self.n
         interleaved = any(isinstance(s, Interleaved) for s in streams)
@@ -281,7 +304,7 @@ class LoadCluster:
                 cfg,
                 max_requests=split_count(cfg.max_requests, self.n, i, interleaved),
                 min_requests=split_count(cfg.min_requests, self.n, i, interleaved) or 0,
-                concurrency=max(1, split_count(cfg.concurrency, self.n, i, False) or 1),
+                concurrency=split_count(cfg.concurrency, self.n, i, False) or 1,
             )
             if wcfg.max_requests == 0:
                 raise LatencyLabError(f"--max-requests {cfg.max_requests} leaves worker {i} nothing to send")
