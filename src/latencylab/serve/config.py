@@ -32,7 +32,7 @@ Example (``serve.toml``)::
     admission_slack = "boundary"  # what admission adds to its prediction: boundary | off (serve/slack.py)
     slo_target_fraction = 0.9   # the admitted latency is aimed inside this fraction of min(deadline, SLO)
     admission_margin = "learned" # learned: a margin fed back from admitted latency | fixed: (1 - fraction) x SLO
-    margin_quantile = 0.995     #   the quantile of admitted latency the learned margin puts at fraction x SLO
+    margin_quantile = 0.99      #   the quantile of admitted latency (2-s windows) the learned margin puts there
     direct_when_idle = false    # idle batcher: preprocess + compute on the compute thread, one hand-over
     order_by = "deadline"       # text buckets run shortest first, unless a request's deadline is at risk;
                                 #   "slo": unless its start + slo_ms (or its deadline, if sooner) is at risk
@@ -79,7 +79,7 @@ class ModelConfig:
     # "learned": the margin is fed back from the latency of admitted requests (serve/slack.LearnedMargin), until
     # their margin_quantile sits at slo_target_fraction x the SLO; "fixed": (1 - slo_target_fraction) x the SLO
     admission_margin: str = "learned"
-    margin_quantile: float = 0.995
+    margin_quantile: float = 0.99
     direct_when_idle: bool = False  # an idle batcher preprocesses + computes a request in one hand-over
     # what the order of text buckets protects: "deadline" (the deadline only: with the 30-s default, plain
     # shortest-first) or "slo" (each request's start + slo_ms, or its deadline if sooner; measured worse here)
@@ -129,7 +129,7 @@ class ModelConfig:
             )
         mq = self.margin_quantile
         if isinstance(mq, bool) or not isinstance(mq, int | float) or not 0 < mq < 1:
-            raise LatencyLabError(f"model {self.name!r}: margin_quantile must be a fraction, e.g. 0.995, got {mq!r}")
+            raise LatencyLabError(f"model {self.name!r}: margin_quantile must be a fraction, e.g. 0.99, got {mq!r}")
         if self.order_by not in ("slo", "deadline"):
             raise LatencyLabError(f"model {self.name!r}: order_by must be slo or deadline, got {self.order_by!r}")
         if self.admission_slack not in ("boundary", "off"):

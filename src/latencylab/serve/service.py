@@ -248,6 +248,8 @@ class ModelService:
         batcher = self.batchers[level]
         lead = self.preprocess_lead_ns()
         boundary = self.boundary[level]
+        if self.cfg.admission_margin == "learned":
+            self.margins[level].update(now)  # it moves on its interval, also while nothing ends
         admit_by = self.admit_by_ns(timing.start - timing.age_ns, deadline_ns, level)
         self._show_margin(level, batcher.variant.name)
         predicted = batcher.predicted_finish_ns(now) + lead  # what admission expects, before any margin

@@ -83,61 +83,63 @@ class BoundarySlack:
 
 
 class LearnedMargin:
-    """Admission's planning margin, learned from the latency of the requests it admitted (a quantile tracker).
+    """Admission's planning margin, learned from the latency of the requests it admitted (a feedback loop).
 
     Admission plans each finish by ``deadline - margin`` (scaled by min(budget, SLO) / SLO for other budgets).
     A fixed margin of (1 - f) x SLO left the admitted p99 over the SLO in some 10-s windows at 2x overload
     (docs/benchmarks/serve.md, session 9): what admission cannot predict varies with the load and the machine.
-    Here the margin is the output of a feedback loop on what was actually served: every admitted request's
-    outcome (its latency from its start, a 504 counting at least its whole budget) is compared with the
-    objective ``target`` (f x SLO for a budget of one SLO) and moves the margin by the stochastic-approximation
-    rule of quantile tracking (Robbins-Monro):
+    Here the margin is the output of a controller on what was actually served. Every admitted request that ends
+    (answered, or a 504 counting at least its whole budget) leaves its *excess*: its latency from its start less
+    its target (f x SLO for a budget of one SLO). Every ``interval_ns`` the ``q`` quantile of the excesses of the
+    last ``window_ns`` (at least ``min_samples`` of them, else the margin decays by half a step) moves the margin:
 
-        latency > target:  margin += step            (the tail is too long: plan earlier finishes)
-        otherwise:         margin -= step x (1 - q) / q    (room to spare: give goodput back)
+        margin += gain x quantile,  the move clipped to +/- one step (SLO / 30)
 
-    Its fixed point is where a fraction ``1 - q`` of the admitted requests exceed the target, i.e. where the
-    ``q`` quantile of the admitted latency sits at ``target``. With ``q`` above the SLO's own quantile (0.995
-    against a p99 objective) the p99 sits a little under the target, and the SLO (target / f) keeps the rest of
-    the headroom for window-to-window noise. The loop's delay is one request's latency (the margin acts on the
-    next admissions), not a window's, so it does not oscillate as a controller on a windowed p99 does.
+    so a tail over the target raises it and a tail under it gives goodput back, both in proportion to the
+    distance, at most one step per interval (a stall's outliers cannot throw it to its ceiling in one go). Its
+    fixed point is where the windowed ``q`` quantile of the admitted latency is the target. It stays in
+    [0, ``max_fraction`` x SLO].
 
-    A stall makes every request in flight late at once; one stall must not throw the margin to its ceiling (it
-    would then relax at the slow rate for tens of seconds while shedding goodput), so the margin grows by at
-    most ``max_up_steps`` steps per ``interval_ns``. It stays within [0, ``max_fraction`` x SLO].
-
-    Why the ceiling is low (0.2 x SLO, twice the fixed margin at f = 0.9): measured at 2x overload on vision (SLO
-    30 ms, session 10, docs/benchmarks/serve.md), a ceiling of 0.5 x SLO let the margin climb to 13.7 ms without
-    moving the tail (worst 10-s window 29.8 ms, against 30.9-32.1 ms with the fixed 3 ms) while halving the
-    goodput: there the tail comes from work admission does not control (every refused request is read and
-    decoded before admission, on the same core as the compute), and a margin cannot refuse it away.
+    Why the ceiling is low (0.2 x SLO, twice the fixed margin at f = 0.9) and why a windowed quantile rather
+    than per-request quantile tracking: measured at 2x overload on vision (SLO 30 ms, session 10,
+    docs/benchmarks/serve.md), a Robbins-Monro tracker of the 99.5% quantile with a ceiling of 0.5 x SLO climbed
+    to 13.7 ms without moving the tail (worst 10-s window 29.8 ms, against 30.9-32.1 ms with the fixed 3 ms) and
+    relaxed at 1/199 of a step per request, so it still refused 60% at the capacity rate after a burst: goodput
+    65% of capacity at 2x. There the tail comes from work admission does not control (every refused request is
+    read and decoded before admission, on the same core as the compute), and a margin cannot refuse it away.
     """
 
     def __init__(
         self,
         slo_ns: int,
         target_fraction: float,
-        q: float = 0.995,
+        q: float = 0.99,
         step_fraction: float = 1 / 30,
         max_fraction: float = 0.2,
-        interval_ns: int = 100_000_000,
-        max_up_steps: int = 5,
+        interval_ns: int = 200_000_000,
+        window_ns: int = 2_000_000_000,
+        gain: float = 0.1,
+        min_samples: int = 50,
+        size: int = 4096,
     ) -> None:
         if not 0 < q < 1:
-            raise ValueError("q must be a fraction, e.g. 0.995")
+            raise ValueError("q must be a fraction, e.g. 0.99")
         if not 0 < target_fraction <= 1:
             raise ValueError("target_fraction must be in (0, 1]")
         self.slo_ns = slo_ns
         self.target_fraction = target_fraction
         self.q = q
         self.step_ns = max(1.0, step_fraction * slo_ns)
-        self.down_ns = self.step_ns * (1.0 - q) / q
         self.max_ns = max_fraction * slo_ns
         self.interval_ns = interval_ns
-        self.max_up_ns = max_up_steps * self.step_ns
+        self.window_ns = window_ns
+        self.gain = gain
+        self.min_samples = min_samples
+        self._t = np.zeros(size, dtype=np.int64)
+        self._excess = np.zeros(size, dtype=np.int64)
+        self._n = 0
         self._margin = (1.0 - target_fraction) * slo_ns  # starts where the fixed margin was
-        self._interval_start: int | None = None
-        self._up_in_interval = 0.0
+        self._updated_at: int | None = None
         self.over = 0  # outcomes over the target, since the start
         self.seen = 0  # outcomes observed, since the start
 
@@ -157,14 +159,30 @@ class LearnedMargin:
 
     def observe(self, now_ns: int, latency_ns: int, budget_ns: int) -> None:
         """An admitted request ended ``latency_ns`` after its start (answered, or a 504 at its deadline)."""
+        excess = latency_ns - self.target_ns(budget_ns)
         self.seen += 1
-        if latency_ns > self.target_ns(budget_ns):
-            self.over += 1
-            if self._interval_start is None or now_ns - self._interval_start >= self.interval_ns:
-                self._interval_start, self._up_in_interval = now_ns, 0.0
-            up = min(self.step_ns, self.max_up_ns - self._up_in_interval)
-            if up > 0:
-                self._up_in_interval += up
-                self._margin = min(self.max_ns, self._margin + up)
-        else:
-            self._margin = max(0.0, self._margin - self.down_ns)
+        self.over += excess > 0
+        i = self._n % self._t.size
+        self._t[i] = now_ns
+        self._excess[i] = excess
+        self._n += 1
+        self.update(now_ns)
+
+    def update(self, now_ns: int) -> int:
+        """Move the margin if ``interval_ns`` has passed since the last move (admission calls this too, so the
+        margin decays while nothing ends); the margin now."""
+        if self._updated_at is None:
+            self._updated_at = now_ns
+            return self.margin_ns
+        if now_ns - self._updated_at < self.interval_ns:
+            return self.margin_ns
+        self._updated_at = now_ns
+        k = min(self._n, self._t.size)
+        recent = self._excess[:k][self._t[:k] >= now_ns - self.window_ns]
+        if recent.size >= self.min_samples:
+            move = self.gain * float(np.quantile(recent, self.q))
+            move = max(-self.step_ns, min(self.step_ns, move))
+        else:  # too little evidence (a light load): give the margin back, half a step per interval
+            move = -self.step_ns / 2
+        self._margin = max(0.0, min(self.max_ns, self._margin + move))
+        return self.margin_ns
