@@ -523,6 +523,8 @@ def plot(docs: dict[str, dict[str, Any]], cfg: Config, path: Path) -> Path | Non
         ax.set_xscale("log")
         ax.set_yscale("log")
         log_ms_axis(ax.yaxis)
+        log_ms_axis(ax.xaxis)
+        ax.set_ylabel("ms")
         ax.set_xlabel("offered Poisson rate (requests/s)")
         ax.set_title(f"{title} of successful requests")
         ax.grid(True, which="both", alpha=0.3)
