@@ -90,3 +90,11 @@ def test_a_killed_worker_is_reported_with_its_samples_and_the_run_invalid(cluste
     # the next run replaces the dead actor
     again = lc.run(url, PATH, payloads, Poisson(50.0, seed=6), LoadConfig(duration_s=1.0))
     assert again.failures == {} and all(r["sent"] > 0 for r in again.result.summary["workers"])
+
+
+def test_more_workers_than_free_cpus_is_a_one_line_error(cluster) -> None:  # type: ignore[no-untyped-def]
+    from latencylab.errors import LatencyLabError
+
+    # the module's two workers hold both CPUs of the cluster: a third cannot be placed
+    with pytest.raises(LatencyLabError, match="could not place 1 load workers"):
+        LoadCluster(1, place_timeout_s=2.0).open()

@@ -201,6 +201,7 @@ class LoadCluster:
         clock_rounds: int = 8,
         spread: bool = True,
         pin_cores: Sequence[int] | None = None,
+        place_timeout_s: float = 60.0,
     ) -> None:
         if workers < 1:
             raise LatencyLabError("--workers must be >= 1")
@@ -211,6 +212,7 @@ class LoadCluster:
         self.clock_rounds = clock_rounds
         self.spread = spread
         self.pin_cores = tuple(pin_cores) if pin_cores else None  # worker i on core pin_cores[i % len]
+        self.place_timeout_s = place_timeout_s
         self.actors: list[Any] = []
         self.nodes: list[str] = []
         self._started_ray = False
@@ -229,7 +231,14 @@ class LoadCluster:
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
             self._started_ray = True
         self.actors = [self._actor(i) for i in range(self.n)]
-        self.nodes = ray.get([a.node.remote() for a in self.actors])  # placed and ready
+        try:  # placed and ready; a cluster without a free CPU per worker would wait forever
+            self.nodes = ray.get([a.node.remote() for a in self.actors], timeout=self.place_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.close()
+            raise LatencyLabError(
+                f"Ray could not place {self.n} load workers (one CPU each) within {self.place_timeout_s:g} s: "
+                "the cluster has fewer free CPUs than --workers"
+            ) from None
         self._pin()
 
     def _pin(self) -> None:
