@@ -34,9 +34,9 @@ def test_the_int8_rung_answers_and_is_labelled() -> None:
         assert svc.scheds["int8"].costs.seeded  # warmed up before serving, as the top rung is
 
 
-def test_weight_only_int8_is_close_to_fp32_and_serves_in_the_engine() -> None:
-    """A small random Llama (no download): the INT8 copy's logits stay within the per-channel rounding of FP32's,
-    the FP32 model is untouched, and the continuous-batching engine runs the copy."""
+def test_int8_copies_leave_fp32_alone_and_serve_in_the_engine() -> None:
+    """A small random Llama (no download): the weight-only INT8 copy's logits stay within the per-channel
+    rounding of FP32's, the FP32 model is untouched, and the continuous-batching engine runs both INT8 copies."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from latencylab.genserve.engine import TorchEngine
@@ -48,15 +48,16 @@ def test_weight_only_int8_is_close_to_fp32_and_serves_in_the_engine() -> None:
                                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
     fp32 = transformers.LlamaForCausalLM(cfg).eval()
     before = {k: v.clone() for k, v in fp32.state_dict().items()}
-    q = quantize_int8(fp32)
+    q = quantize_int8(fp32, "weight")
     assert all(torch.equal(before[k], v) for k, v in fp32.state_dict().items())
     assert not any(isinstance(m, torch.nn.Linear) for m in q.modules())
     ids = torch.randint(0, 300, (2, 12))
     with torch.inference_mode():
         a, b = fp32(input_ids=ids).logits, q(input_ids=ids).logits
     assert torch.allclose(a, b, atol=0.05 * float(a.abs().max())) and not torch.equal(a, b)
-    sched = Scheduler(TorchEngine(q))
-    seqs = [sched.submit(GenRequest(tuple(int(x) for x in ids[i]), 5)) for i in range(2)]
-    while sched.step() is not None:
-        pass
-    assert [len(s.tokens) for s in seqs] == [5, 5]
+    for model in (q, quantize_int8(fp32, "dynamic")):
+        sched = Scheduler(TorchEngine(model))
+        seqs = [sched.submit(GenRequest(tuple(int(x) for x in ids[i]), 5)) for i in range(2)]
+        while sched.step() is not None:
+            pass
+        assert [len(s.tokens) for s in seqs] == [5, 5]

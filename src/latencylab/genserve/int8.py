@@ -3,18 +3,20 @@
 Two ways to INT8 (:func:`quantize_int8`), both on a copy of the FP32 model, every ``nn.Linear`` (the attention
 and MLP projections and the LM head; the embedding table stays FP32):
 
-* ``weight`` (the default): **weight-only INT8**, per output channel (a scale per row, symmetric, round to
-  nearest), computed by ``torch._weight_int8pack_mm`` (INT8 weights, FP32 activations: gpt-fast's int8 mode).
-  A quarter of the weight bytes each decode step reads, the activations untouched.
-* ``dynamic``: PyTorch's dynamic quantisation (``torch.ao.quantization.quantize_dynamic``: qint8 weights per
-  tensor, activations quantised per batch at run time, INT8 GEMMs). On SmolLM2 it loses most of the greedy
-  answers (docs/genserve.md has both scores): a 135M model's activations have outliers that a per-tensor
-  8-bit activation scale flattens.
+* ``dynamic`` (the server's default, ``GenServeConfig.int8_method``): PyTorch's dynamic quantisation
+  (``torch.ao.quantization.quantize_dynamic``: qint8 weights per tensor, activations quantised per batch at
+  run time, INT8 GEMMs). Measured here 2.3-3x faster per decode step than FP32, but it loses most of
+  SmolLM2's greedy answers (a 135M model's activations have outliers that one 8-bit scale per batch
+  flattens): docs/genserve.md has the numbers.
+* ``weight``: **weight-only INT8**, per output channel (a scale per row, symmetric, round to nearest),
+  computed by ``torch._weight_int8pack_mm`` (INT8 weights, FP32 activations: gpt-fast's int8 mode). Nearly
+  FP32's perplexity, but this torch build's CPU kernel is slower than FP32 here (0.6x at batch 1, 0.16x at
+  batch 8): no use as a lighter rung on this machine, kept for machines where the kernel pays.
 
 :func:`int8_fidelity` scores the copy with the gen workload's own scorer (workloads/gen_fidelity.py: greedy
 prefix agreement and exact answers against the FP32 reference on 16 prompts, teacher-forced top-1 agreement,
 perplexity on held-out text) and stores the score beside the reference, keyed by the converted model and the
-method: ``python -m latencylab.genserve.int8 [--method weight|dynamic]`` measures and prints it, and a server
+method: ``python -m latencylab.genserve.int8 [--method dynamic|weight]`` measures and prints it, and a server
 with an ``int8`` rung shows the stored score (it does not spend its CPU measuring).
 """
 
@@ -60,7 +62,7 @@ def _weight_only_linear(lin: Any) -> Any:
     return Int8WeightLinear(lin)
 
 
-def quantize_int8(model: Any, method: str = "weight") -> Any:
+def quantize_int8(model: Any, method: str = "dynamic") -> Any:
     """An INT8 copy of ``model`` (its ``nn.Linear`` layers, by ``method``: the module docstring); ``model`` is
     left as it is."""
     import torch
@@ -89,7 +91,7 @@ def _score_path(key: str, method: str) -> Any:
     return cache_root() / f"int8-{method}-fidelity-{key}-v{FIDELITY_VERSION}.json"
 
 
-def stored_fidelity(key: str, method: str = "weight") -> FidelityScore | None:
+def stored_fidelity(key: str, method: str = "dynamic") -> FidelityScore | None:
     """The score :func:`int8_fidelity` stored for ``key`` and ``method``, if any (the server reads it; measuring
     takes minutes of CPU a server should spend on its requests)."""
     path = _score_path(key, method)
@@ -100,7 +102,7 @@ def stored_fidelity(key: str, method: str = "weight") -> FidelityScore | None:
         return None
 
 
-def int8_fidelity(tokenizer: Any, fp32: Any, int8: Any, key: str, method: str = "weight") -> FidelityScore:
+def int8_fidelity(tokenizer: Any, fp32: Any, int8: Any, key: str, method: str = "dynamic") -> FidelityScore:
     """The INT8 copy scored against the FP32 reference (built on first use), stored per ``key`` (the converted
     model's directory name) and ``method``."""
     from latencylab.workloads.gen_fidelity import build_reference, load_or_build_reference, score
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from latencylab.workloads.gen_model import load_model
 
     ap = argparse.ArgumentParser(prog="python -m latencylab.genserve.int8")
-    ap.add_argument("--method", choices=METHODS, default="weight")
+    ap.add_argument("--method", choices=METHODS, default="dynamic")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

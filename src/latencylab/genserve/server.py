@@ -49,7 +49,7 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
 def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> GenService:
     """The service over SmolLM2 (``lm``: a ``LoadedModel``; default: ``load_model()``), warmed up.
 
-    A ladder with an ``int8`` rung gets a weight-only INT8 copy of the model as its engine; with
+    A ladder with an ``int8`` rung gets an INT8 copy of the model (``cfg.int8_method``) as its engine; with
     ``cfg.int8_fidelity`` the score ``python -m latencylab.genserve.int8`` stored for it is shown in the model's
     metadata and ``/v2/models/{m}/guard`` (or how to measure it)."""
     import dataclasses
@@ -74,7 +74,7 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
     if "int8" in cfg.ladder:
         from latencylab.genserve.int8 import quantize_int8
 
-        engines["int8"] = quantize_int8(lm.model)
+        engines["int8"] = quantize_int8(lm.model, cfg.int8_method)
     top = cfg.ladder[0]
     standby = {name: TorchEngine(m) for name, m in engines.items() if name != top and name in cfg.ladder}
     svc = GenService(
@@ -82,13 +82,15 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
     )
     svc.info["fp32"] = {"description": "the FP32 model"}
     if "int8" in engines:
-        svc.info["int8"] = {"description": "INT8 weights (per output channel) of every nn.Linear, FP32 activations"}
+        svc.info["int8"] = {"description": f"INT8 copy of every nn.Linear ({cfg.int8_method}: genserve/int8.py)"}
         if cfg.int8_fidelity:
             from latencylab.genserve.int8 import stored_fidelity
 
-            got = stored_fidelity(lm.path.name)
+            got = stored_fidelity(lm.path.name, cfg.int8_method)
             svc.info["int8"]["fidelity"] = (
-                got.to_dict() if got is not None else "not measured: python -m latencylab.genserve.int8"
+                got.to_dict()
+                if got is not None
+                else f"not measured: python -m latencylab.genserve.int8 --method {cfg.int8_method}"
             )
     if warmup:
         svc.warmup()

@@ -76,7 +76,8 @@ class GenServeConfig:
     max_probes: int = 2  # shadow probes in flight at once (probes must not pile up on a struggling rung)
     cache_entries: int = 4096
     cache_ttl_s: float = 300.0  # fresh for this long, then stale (still served on the cache rung) for 10x
-    int8_fidelity: bool = True  # measure the int8 rung's fidelity at start-up (cached per model; server.py)
+    int8_method: str = "dynamic"  # how the int8 rung is made (genserve/int8.py): "dynamic" or "weight"
+    int8_fidelity: bool = True  # show the int8 rung's stored fidelity (python -m latencylab.genserve.int8)
     otlp_endpoint: str | None = None  # export a span per request (OTLP/HTTP), e.g. http://127.0.0.1:4318/v1/traces
 
 
