@@ -46,11 +46,8 @@ class ProfileAnalysis:
                 "min_ms": s.min / 1e6,
                 "max_ms": s.max / 1e6,
                 "iqr_ms": s.iqr / 1e6,
+                **stats.quantiles_ms(s),
             }
-            for est in s.quantiles:
-                key = stats.format_q(est.q).replace(".", "_")
-                d[f"{key}_ms"] = est.value / 1e6
-                d[f"{key}_ci_ms"] = [est.ci_low / 1e6, est.ci_high / 1e6]
             return d
 
         return {

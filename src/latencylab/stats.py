@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -158,6 +159,17 @@ def format_q(q: float) -> str:
     pct = q * 100
     text = f"{pct:.4f}".rstrip("0").rstrip(".")
     return f"p{text}"
+
+
+def quantiles_ms(summary: Summary) -> dict[str, Any]:
+    """A summary's percentiles in ms with their CIs, keyed as every result file writes them: ``p99_ms`` and
+    ``p99_ci_ms`` (``p99_9_ms`` for 0.999)."""
+    out: dict[str, Any] = {}
+    for est in summary.quantiles:
+        key = format_q(est.q).replace(".", "_")
+        out[f"{key}_ms"] = est.value / 1e6
+        out[f"{key}_ci_ms"] = [est.ci_low / 1e6, est.ci_high / 1e6]
+    return out
 
 
 def summarize(

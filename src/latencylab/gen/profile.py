@@ -29,6 +29,7 @@ import numpy as np
 from latencylab import stats
 from latencylab.errors import LatencyLabError
 from latencylab.load.token_metrics import TokenArrays
+from latencylab.report.terminal import ci_cell, ms_text
 from latencylab.results import ProfileResult
 from latencylab.roofline.model import RooflinePoint, place
 
@@ -150,12 +151,7 @@ class GenProfile:
         def one(s: stats.Summary | None) -> dict[str, Any] | None:
             if s is None:
                 return None
-            d: dict[str, Any] = {"n": s.n, "mean_ms": s.mean / 1e6, "max_ms": s.max / 1e6}
-            for est in s.quantiles:
-                key = stats.format_q(est.q).replace(".", "_")
-                d[f"{key}_ms"] = est.value / 1e6
-                d[f"{key}_ci_ms"] = [est.ci_low / 1e6, est.ci_high / 1e6]
-            return d
+            return {"n": s.n, "mean_ms": s.mean / 1e6, "max_ms": s.max / 1e6, **stats.quantiles_ms(s)}
 
         return {
             "requests": self.requests,
@@ -215,23 +211,6 @@ def gen_profile(
 # ------------------------------------------------------------------------------------------------ render
 
 
-def _ms(ns: float) -> str:
-    ms = ns / 1e6
-    if ms >= 100:
-        return f"{ms:.0f}"
-    if ms >= 10:
-        return f"{ms:.1f}"
-    if ms >= 1:
-        return f"{ms:.2f}"
-    return f"{ms:.3f}"
-
-
-def _cell(s: stats.Summary, q: float) -> str:
-    est = s.at(q)
-    text = f"{_ms(est.value)} [{_ms(est.ci_low)}, {_ms(est.ci_high)}]"
-    return text if est.enough else f"[dim]{text}*[/dim]"
-
-
 def roofline_lines(points: Sequence[RooflinePoint], weight_bytes: int) -> list[str]:
     out = []
     for p in points:
@@ -272,7 +251,7 @@ def render_gen(g: GenProfile, console: Console) -> None:
         if s is None:
             table.add_row(name.upper(), "0", *["-"] * (len(TOKEN_QS) + 2))
             continue
-        table.add_row(name.upper(), str(s.n), _ms(s.mean), *(_cell(s, q) for q in TOKEN_QS), _ms(s.max))
+        table.add_row(name.upper(), str(s.n), ms_text(s.mean), *(ci_cell(s, q) for q in TOKEN_QS), ms_text(s.max))
     console.print(table)
     parts = ", ".join(f"{k} {v:.1%}" for k, v in g.shares.items())
     console.print(f"where the time goes: {parts}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from rich.table import Table
 
 from latencylab.errors import LatencyLabError
 from latencylab.load.arrivals import ArrivalProcess, Poisson, parse_arrivals
-from latencylab.load.generator import LoadConfig, Payload
+from latencylab.load.generator import LoadConfig, Payload, Records
 from latencylab.load.payloads import (
     builtin_payloads,
     fetch_metadata,
@@ -366,15 +367,28 @@ def run_load(opts: LoadOptions, console: Console) -> int:
             )  # fmt: skip
     render_load(result, console)
     render_workers(result, console)
-    if opts.json:
-        result.save(opts.json)
-        console.print(escape(f"wrote {opts.json}"))
-    if opts.requests_jsonl and rec is not None:
-        write_requests_jsonl(opts.requests_jsonl, rec)
-        console.print(escape(f"wrote {opts.requests_jsonl}"))
-    if opts.plot:
+    write_outputs(result, console, opts.json, opts.plot, (opts.requests_jsonl, rec, write_requests_jsonl))
+    return 0
+
+
+def write_outputs(
+    result: LoadResult,
+    console: Console,
+    json_path: str | None,
+    plot_dir: str | None,
+    jsonl: tuple[str | None, Records | None, Callable[[str | Path, Records], Path]],
+) -> None:
+    """Write what a load run was asked to keep (result file, per-request JSONL, plots), a line for each."""
+    written: list[Path | str] = []
+    if json_path:
+        result.save(json_path)
+        written.append(json_path)
+    jsonl_path, rec, write_jsonl = jsonl
+    if jsonl_path and rec is not None:
+        written.append(write_jsonl(jsonl_path, rec))
+    if plot_dir:
         from latencylab.load.plots import plot_load
 
-        for p in plot_load(result, opts.plot):
-            console.print(escape(f"wrote {p}"))
-    return 0
+        written.extend(plot_load(result, plot_dir))
+    for path in written:
+        console.print(escape(f"wrote {path}"))

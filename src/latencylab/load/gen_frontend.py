@@ -97,7 +97,7 @@ def write_gen_requests_jsonl(path: str | Path, rec: Records) -> Path:
 def run_gen_load_command(args: argparse.Namespace, console: Console) -> int:
     """``latencylab load --api ...``: one streaming load test (open loop by default), rendered and saved."""
     from latencylab.env import fingerprint
-    from latencylab.load.frontend import _progress, render_load
+    from latencylab.load.frontend import _progress, render_load, write_outputs
     from latencylab.load.gen_runner import gen_load_test
 
     api = gen_api(args.api)
@@ -137,15 +137,5 @@ def run_gen_load_command(args: argparse.Namespace, console: Console) -> int:
         )  # fmt: skip
     render_load(result, console)
     render_tokens(result, console)
-    if args.json:
-        result.save(args.json)
-        console.print(escape(f"wrote {args.json}"))
-    if args.requests_jsonl:
-        write_gen_requests_jsonl(args.requests_jsonl, rec)
-        console.print(escape(f"wrote {args.requests_jsonl}"))
-    if args.plot:
-        from latencylab.load.plots import plot_load
-
-        for path in plot_load(result, args.plot):
-            console.print(escape(f"wrote {path}"))
+    write_outputs(result, console, args.json, args.plot, (args.requests_jsonl, rec, write_gen_requests_jsonl))
     return 0

@@ -169,10 +169,7 @@ def summarize_run(
     if counts["ok"]:
         cs = stats.summarize(corrected[ok], qs=(0.5, 0.9, 0.99, 0.999), label="latency")
         us = stats.summarize(uncorrected[ok], qs=(0.5, 0.99), n_boot=200, label="uncorrected")
-        for est in cs.quantiles:
-            key = stats.format_q(est.q).replace(".", "_")
-            summary[f"{key}_ms"] = est.value / 1e6
-            summary[f"{key}_ci_ms"] = [est.ci_low / 1e6, est.ci_high / 1e6]
+        summary.update(stats.quantiles_ms(cs))
         summary["mean_ms"] = cs.mean / 1e6
         summary["max_ms"] = cs.max / 1e6
         summary["uncorrected_p50_ms"] = us.at(0.5).value / 1e6

@@ -147,11 +147,7 @@ def _describe(values: np.ndarray) -> dict[str, Any] | None:
     if values.size == 0:
         return None
     s = stats.summarize(values, qs=QS, n_boot=200, label="tokens")
-    out: dict[str, Any] = {"n": int(values.size)}
-    for est in s.quantiles:
-        key = stats.format_q(est.q).replace(".", "_")
-        out[f"{key}_ms"] = est.value / 1e6
-        out[f"{key}_ci_ms"] = [est.ci_low / 1e6, est.ci_high / 1e6]
+    out: dict[str, Any] = {"n": int(values.size), **stats.quantiles_ms(s)}
     out["mean_ms"] = s.mean / 1e6
     out["max_ms"] = s.max / 1e6
     return out

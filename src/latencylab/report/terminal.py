@@ -6,13 +6,14 @@ from rich.console import Console
 from rich.table import Table
 
 from latencylab import stats
-from latencylab.analysis import ProfileAnalysis, StageAnalysis
+from latencylab.analysis import ProfileAnalysis
 from latencylab.results import ProfileResult
 
 TABLE_QUANTILES = (0.5, 0.9, 0.99, 0.999)
 
 
-def _ms(ns: float) -> str:
+def ms_text(ns: float) -> str:
+    """Nanoseconds as milliseconds with 3-4 significant digits (the cells of every terminal table)."""
     ms = ns / 1e6
     if ms >= 100:
         return f"{ms:.0f}"
@@ -23,9 +24,10 @@ def _ms(ns: float) -> str:
     return f"{ms:.3f}"
 
 
-def _cell(sa: StageAnalysis, q: float) -> str:
-    est = sa.summary.at(q)
-    text = f"{_ms(est.value)} [{_ms(est.ci_low)}, {_ms(est.ci_high)}]"
+def ci_cell(summary: stats.Summary, q: float) -> str:
+    """A percentile with its CI, dimmed with a ``*`` when too few samples lie beyond it."""
+    est = summary.at(q)
+    text = f"{ms_text(est.value)} [{ms_text(est.ci_low)}, {ms_text(est.ci_high)}]"
     return text if est.enough else f"[dim]{text}*[/dim]"
 
 
@@ -50,9 +52,9 @@ def render_profile(result: ProfileResult, analysis: ProfileAnalysis, console: Co
             sa.name if sa is not analysis.end_to_end else "[bold]end-to-end[/bold]",
             sa.kind,
             f"{sa.share:.1%}",
-            _ms(sa.summary.mean),
-            *(_cell(sa, q) for q in TABLE_QUANTILES),
-            _ms(sa.summary.max),
+            ms_text(sa.summary.mean),
+            *(ci_cell(sa.summary, q) for q in TABLE_QUANTILES),
+            ms_text(sa.summary.max),
         ]
         table.add_row(*row, end_section=sa is analysis.stages[-1])
     console.print(table)
