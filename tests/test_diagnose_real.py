@@ -55,19 +55,18 @@ def test_torch_compile_recompilation_found(tmp_path: Path, monkeypatch: pytest.M
     with inductor_config.patch(fx_graph_cache=False):  # (not monkeypatch: the config module restores itself)
         pipe = build_workload(
             "compiled",
-            WorkloadOptions(params={"offset": str(warmup), "shapes": "16@0,32@150,48@300", "backend": "inductor"}),
+            WorkloadOptions(params={"offset": str(warmup), "shapes": "16@0,32@150", "backend": "inductor"}),
         )
-        result = profile(pipe, ProfileConfig(warmup=warmup, iterations=450, threads=1))
-    assert [i for i, c in enumerate(result.iteration_meta["compiles"]) if c] == [150, 300]
+        result = profile(pipe, ProfileConfig(warmup=warmup, iterations=300, threads=1))
+    assert [i for i, c in enumerate(result.iteration_meta["compiles"]) if c] == [150]
     src = save_profile(result, tmp_path / "compiled.json")
     out = tmp_path / "d.json"
     assert main(["diagnose", str(src), "--json", str(out)]) == 0
     rec = [f for f in _findings(out) if f.rule == "recompilation"]
     assert [f.title.split(":")[0] for f in rec] == [
         "recompiled at iteration 150 (shape (1, 32, 32))",
-        "recompiled at iteration 300 (shape (1, 48, 32))",
-    ]
-    for f, at in zip(rec, (150, 300), strict=True):
+    ]  # one recompilation: each cold inductor compile costs seconds of the test suite
+    for f, at in zip(rec, (150,), strict=True):
         spike = f.details["spike"]  # found by spike detection: the spike it found holds the recompilation
         assert f.severity == "critical" and spike["start"] <= at < spike["end"], spike
         assert f.details["spike"]["ratio"] > 1.5  # x1000 with a cold compiler; a few x when inductor reuses work
