@@ -6,6 +6,8 @@ config or library versions builds again, and is a cache hit (seconds) when alrea
 * ``vision``: train the digits CNN of ``--workload vision`` (sklearn's digits, a few seconds to a minute);
 * ``gen``: convert SmolLM2-135M-Instruct from the packaged GGUF file to a safetensors directory (about a minute;
   later loads take seconds);
+* ``gen-reference``: SmolLM2's FP32 greedy answers and held-out perplexity, the fidelity reference that the INT8
+  rung of ``serve --model gen`` and speculative decoding are scored against (about a minute once);
 * ``roofline``: measure this machine's compute and memory peaks (quick set, as the tests read them).
 
 The Makefile runs it before ``make test`` and ``make run``, so a fresh clone pays these costs in its set-up,
@@ -36,6 +38,13 @@ def _gen() -> str:
     return f"SmolLM2 {'converted' if m.converted else 'cached'} in {m.load_s:.1f} s ({m.path})"
 
 
+def _gen_reference() -> str:
+    from latencylab.workloads.gen_fidelity import reference
+
+    ref = reference()
+    return f"SmolLM2 fidelity reference, {len(ref.prompts)} prompts x {ref.max_tokens} tokens"
+
+
 def _roofline() -> str:
     from latencylab.roofline.peaks import load_or_measure
 
@@ -43,7 +52,12 @@ def _roofline() -> str:
     return f"peaks of this machine ({peaks.key}, clock {peaks.clock_ghz or 0:.2f} GHz)"
 
 
-STEPS: dict[str, Callable[[], str]] = {"vision": _vision, "gen": _gen, "roofline": _roofline}
+STEPS: dict[str, Callable[[], str]] = {
+    "vision": _vision,
+    "gen": _gen,
+    "gen-reference": _gen_reference,
+    "roofline": _roofline,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
