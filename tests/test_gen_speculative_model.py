@@ -1,6 +1,6 @@
 """Speculative decoding of the real SmolLM2-135M-Instruct (slow tier): greedy speculative output is
 token-identical to the FP32 model's plain greedy decoding (the gen workload's fidelity reference: the first
-16 built-in prompts, chat-templated, 32 tokens, EOS honoured; 2-5 of them per draft, 16 tokens), for each
+16 built-in prompts, chat-templated, 32 tokens, EOS honoured; 1-3 of them per draft, 16 tokens), for each
 kind of draft; the early-exit draft with every layer is the target itself. One model load for the module."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def reference(smol: Any) -> Any:
 # the long ones, where prompt lookup finds the most). 16 tokens each keep the slow tier short.
 @pytest.mark.parametrize(
     ("spec", "prompts", "k"),
-    [("lookup", (0, 3, 9, 12, 15), "adaptive"), ("int8", (1, 10, 13), 4), ("exit:24", (2, 8), 3)],
+    [("lookup", (0, 9, 15), "adaptive"), ("int8", (1, 13), 4), ("exit:24", (8,), 3)],
 )
 def test_greedy_speculative_matches_plain_greedy(
     smol: Any, reference: Any, spec: str, prompts: tuple[int, ...], k: Any
