@@ -86,7 +86,8 @@ from _serving import (
     wait_idle,
 )
 from latencylab.load.arrivals import Poisson
-from latencylab.load.capacity import Capacity, find_capacity, grid_capacity, step_seed
+from latencylab.load.capacity import Capacity, step_seed
+from latencylab.load.capacity_steps import find_capacity, grid_capacity
 from latencylab.load.generator import AbortFn, LoadConfig, Payload
 from latencylab.load.payloads import text_payloads
 from latencylab.load.pooled import PooledStep, crossing_rate, pooled_grid

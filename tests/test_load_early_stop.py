@@ -9,7 +9,7 @@ import pytest
 
 from latencylab import stats
 from latencylab.load.arrival_trace import TraceReplay
-from latencylab.load.capacity import grid_capacity
+from latencylab.load.capacity_steps import grid_capacity
 from latencylab.load.early_stop import EarlyStop, Progress, block_t_violated
 from latencylab.load.generator import LoadConfig
 from latencylab.load.payloads import fetch_metadata, payloads_for_model
