@@ -105,6 +105,21 @@ def latency_basis(summary: Mapping[str, Any]) -> str:
     return CLOSED_BASIS if str(summary.get("mode", "")).startswith("closed") else OPEN_BASIS
 
 
+def slo_summary(slo: Slo, n: int, over: int, confidence: float) -> tuple[dict[str, Any], stats.SloVerdict]:
+    """The ``summary.slo`` block of a run of ``n`` requests of which ``over`` missed ``slo`` (shed and failed
+    requests count as missing it), with its verdict at ``confidence``."""
+    verdict = stats.slo_verdict(n, over, slo.q, slo.threshold_ns, confidence)
+    block = {
+        "objective": slo.describe(),
+        "verdict": verdict.status,
+        "confidence": confidence,
+        "over": over,
+        "need_more": verdict.need_more,
+        "text": verdict.describe(),
+    }
+    return block, verdict
+
+
 def summarize_run(
     rec: Records,
     run: RunStats,
@@ -190,15 +205,7 @@ def summarize_run(
     if slo is not None:
         # A request that was shed or failed did not meet the SLO either.
         over = int(((corrected > slo.threshold_ns) | ~ok).sum())
-        verdict = stats.slo_verdict(rec.n, over, slo.q, slo.threshold_ns, confidence)
-        summary["slo"] = {
-            "objective": slo.describe(),
-            "verdict": verdict.status,
-            "confidence": confidence,
-            "over": over,
-            "need_more": verdict.need_more,
-            "text": verdict.describe(),
-        }
+        summary["slo"], verdict = slo_summary(slo, rec.n, over, confidence)
         good = int((ok & (corrected <= slo.threshold_ns)).sum())
         summary["goodput"] = good / run.wall_s if run.wall_s > 0 else None
     summary["coordinated_omission"] = explain_omission(summary)

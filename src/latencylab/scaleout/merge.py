@@ -24,7 +24,7 @@ import numpy as np
 from latencylab import stats
 from latencylab.histogram import LatencyHistogram
 from latencylab.load.generator import LATE_FRACTION, LATE_NS, OUTCOMES, LoadConfig, Records, RunStats
-from latencylab.load.results import CLOSED_BASIS, OPEN_BASIS, Slo, explain_omission, new_histogram
+from latencylab.load.results import CLOSED_BASIS, OPEN_BASIS, Slo, explain_omission, new_histogram, slo_summary
 
 SUMMARY_QS = (0.5, 0.9, 0.99, 0.999)
 RECORD_FIELDS = ("intended_ns", "sent_ns", "done_ns", "outcome", "status", "payload")
@@ -297,15 +297,7 @@ def merge_summary(
     if slo is not None:
         over = sum(int(p.slo_over or 0) for p in parts)
         good = sum(int(p.slo_good or 0) for p in parts)
-        verdict = stats.slo_verdict(n, over, slo.q, slo.threshold_ns, confidence)
-        summary["slo"] = {
-            "objective": slo.describe(),
-            "verdict": verdict.status,
-            "confidence": confidence,
-            "over": over,
-            "need_more": verdict.need_more,
-            "text": verdict.describe(),
-        }
+        summary["slo"], _ = slo_summary(slo, n, over, confidence)
         summary["goodput"] = good / wall if wall > 0 else None
     if stopped:
         summary["stopped_early"] = stopped[0]
