@@ -170,7 +170,7 @@ def test_user_pipeline_factory(tmp_path: Path) -> None:
 def test_prepare_names_unknown_steps_in_one_line() -> None:
     p = run("prepare", "--only", "vision,nope")
     assert p.returncode == 2 and p.stderr.count("\n") == 1
-    assert "unknown step(s) nope; choose from vision, gen, roofline" in p.stderr
+    assert "unknown step(s) nope; choose from vision, gen, gen-reference, roofline" in p.stderr
 
 
 @pytest.mark.slow
