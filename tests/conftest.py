@@ -56,6 +56,10 @@ SLOW: dict[str, str] = {
     "test_load.py::test_cli_early_stop_when_the_slo_verdict_is_decided": "a real load run through the CLI",
     "test_load.py::test_cli_load_json_and_jsonl": "a real load run through the CLI",
     "test_load_early_stop.py::test_a_burst_at_the_start_of_a_real_run_does_not_stop_it": "a real load run",
+    "test_gen_capacity.py::test_cli_capacity_of_the_queueing_reference_server_is_bracketed": "a capacity search",
+    "test_gen_workload.py::test_fidelity_reference_and_score": "greedy answers and perplexity over the prompt set",
+    "test_gen_workload.py::test_kv_cache_off_gives_the_same_tokens": "decodes the prompt set twice (~10 s)",
+    "test_gen_speculative.py::test_sampled_speculative_output_is_distributed_as_the_target": "thousands of samples",
 }
 
 
