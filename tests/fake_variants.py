@@ -116,3 +116,17 @@ class BucketedFakeVariant(FakeVariant):
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         pass
+
+
+class SometimesSlow(FakeVariant):
+    """Every 4th batch takes 15 ms more than the others: the latency model's mean cannot predict which."""
+
+    def __init__(self, name: str, clock: FakeClock) -> None:
+        super().__init__(name, 0.002, clock=clock)
+        self.calls = 0
+
+    def forward(self, items: Sequence[Any]) -> Any:
+        self.calls += 1
+        if self.calls % 4 == 0:
+            self._spend(0.015)
+        return super().forward(items)

@@ -3,14 +3,13 @@ target admission plans for, on synthetic latency sequences and a fake clock, and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from fake_variants import FakeVariant
+from fake_variants import SometimesSlow
 from latencylab.clock import FakeClock
 from latencylab.serve.app import build_state, lifespan_app
 from latencylab.serve.config import ModelConfig, ServerConfig
@@ -133,27 +132,13 @@ def test_bad_margin_settings() -> None:
         LearnedMargin(SLO, 0.0)
 
 
-class _SometimesSlow(FakeVariant):
-    """Every 4th batch takes 15 ms more than the others."""
-
-    def __init__(self, name: str, clock: FakeClock) -> None:
-        super().__init__(name, 0.002, clock=clock)
-        self.calls = 0
-
-    def forward(self, items: Sequence[Any]) -> Any:
-        self.calls += 1
-        if self.calls % 4 == 0:
-            self._spend(0.015)
-        return super().forward(items)
-
-
 @pytest.mark.parametrize("mode", ["learned", "fixed"])
 def test_the_server_learns_its_margin_from_what_it_served_and_shows_it(mode: str) -> None:
     """SLO 15 ms, a quarter of the batches 17 ms (the windowed p99 is ~4 ms over the 13.5-ms target): the
     learned margin grows from its start (1.5 ms) towards its ceiling (3 ms) and the gauge shows it; with
     admission_margin = "fixed" it stays at (1 - f) x SLO."""
     clock = FakeClock()
-    variant = _SometimesSlow("fp32", clock)
+    variant = SometimesSlow("fp32", clock)
     model = ModelConfig(
         name="fake", ladder=("fp32",), factory="fake_variants:make", slo_ms=15, default_deadline_ms=15,
         admission_margin=mode, admission_slack="off",  # the margin alone

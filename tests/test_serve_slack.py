@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from fake_variants import FakeVariant
+from fake_variants import SometimesSlow
 from latencylab.clock import FakeClock
 from latencylab.serve.app import build_state, lifespan_app
 from latencylab.serve.config import ModelConfig, ServerConfig
@@ -52,20 +49,6 @@ def test_bad_slack_settings() -> None:
         BoundarySlack(99)
 
 
-class _SometimesSlow(FakeVariant):
-    """Every 4th batch takes 15 ms more than the others: the latency model's mean cannot predict which."""
-
-    def __init__(self, name: str, clock: FakeClock) -> None:
-        super().__init__(name, 0.002, clock=clock)
-        self.calls = 0
-
-    def forward(self, items: Sequence[Any]) -> Any:
-        self.calls += 1
-        if self.calls % 4 == 0:
-            self._spend(0.015)
-        return super().forward(items)
-
-
 def test_a_late_tail_tightens_admission_until_it_fits() -> None:
     """A quarter of the batches take 15 ms longer than the others; every request has a 12-ms deadline. The
     prediction (a few ms) admits them all at first, near the boundary, and a quarter finish late; the slack
@@ -73,7 +56,7 @@ def test_a_late_tail_tightens_admission_until_it_fits() -> None:
     served. On a fake clock (the variant's costs advance it), so every error the slack learns is the variant's,
     none the machine's."""
     clock = FakeClock()
-    variant = _SometimesSlow("fp32", clock)
+    variant = SometimesSlow("fp32", clock)
     model = ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make", admission_margin="fixed")
     cfg = ServerConfig(models=(model,))
     state = build_state(cfg, {"fake": [variant]}, clock=clock)

@@ -53,10 +53,31 @@ def new_histogram() -> LatencyHistogram:
     return LatencyHistogram(lowest_ns=1)
 
 
-def _hist(values: np.ndarray) -> LatencyHistogram:
+def histogram_of(values: np.ndarray) -> LatencyHistogram:
+    """``values`` (ns) recorded in the common layout, floored at 1 ns."""
     h = new_histogram()
     h.record_many(np.maximum(values, 1).tolist())
     return h
+
+
+def outcome_histograms(rec: Records) -> tuple[dict[str, LatencyHistogram], dict[str, int]]:
+    """A run's histograms (successful latencies from the intended and from the actual send, lateness, each
+    failure kind's latency) and its outcome counts (``sent`` included): what a one-host summary and a
+    distributed worker's part are both built from."""
+    ok = rec.outcome == 0
+    corrected, uncorrected, late = rec.corrected(), rec.uncorrected(), rec.lateness()
+    hists = {
+        "corrected_ok": histogram_of(corrected[ok]),
+        "uncorrected_ok": histogram_of(uncorrected[ok]),
+        "lateness": histogram_of(late),
+    }
+    for code, name in enumerate(OUTCOMES[1:], start=1):
+        sel = rec.outcome == code
+        if sel.any():
+            hists[f"corrected_{name}"] = histogram_of(corrected[sel])
+    counts = {name: int((rec.outcome == code).sum()) for code, name in enumerate(OUTCOMES)}
+    counts["sent"] = rec.n
+    return hists, counts
 
 
 def _timeline(rec: Records, bucket_s: float = 1.0) -> list[dict[str, Any]]:
@@ -131,17 +152,7 @@ def summarize_run(
     """The documented ``summary`` object (docs/metrics.md) and the histograms behind it."""
     ok = rec.outcome == 0
     corrected, uncorrected, late = rec.corrected(), rec.uncorrected(), rec.lateness()
-    hists = {
-        "corrected_ok": _hist(corrected[ok]),
-        "uncorrected_ok": _hist(uncorrected[ok]),
-        "lateness": _hist(late),
-    }
-    for code, name in enumerate(OUTCOMES[1:], start=1):
-        sel = rec.outcome == code
-        if sel.any():
-            hists[f"corrected_{name}"] = _hist(corrected[sel])
-    counts = {name: int((rec.outcome == code).sum()) for code, name in enumerate(OUTCOMES)}
-    counts["sent"] = rec.n
+    hists, counts = outcome_histograms(rec)
     late_n = int((late > LATE_NS).sum())
     late_frac = late_n / rec.n if rec.n else 0.0
     invalid = []

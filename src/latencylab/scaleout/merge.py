@@ -23,18 +23,19 @@ import numpy as np
 
 from latencylab import stats
 from latencylab.histogram import LatencyHistogram
-from latencylab.load.generator import LATE_FRACTION, LATE_NS, OUTCOMES, LoadConfig, Records, RunStats
-from latencylab.load.results import CLOSED_BASIS, OPEN_BASIS, Slo, explain_omission, new_histogram, slo_summary
+from latencylab.load.generator import LATE_FRACTION, LATE_NS, LoadConfig, Records, RunStats
+from latencylab.load.results import (
+    CLOSED_BASIS,
+    OPEN_BASIS,
+    Slo,
+    explain_omission,
+    histogram_of,
+    outcome_histograms,
+    slo_summary,
+)
 
 SUMMARY_QS = (0.5, 0.9, 0.99, 0.999)
 RECORD_FIELDS = ("intended_ns", "sent_ns", "done_ns", "outcome", "status", "payload")
-
-
-def _hist(values: np.ndarray) -> LatencyHistogram:
-    # the same recording as load.results (latencies floored at 1 ns), so a merged part equals a one-host one
-    h = new_histogram()
-    h.record_many(np.maximum(values, 1))
-    return h
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +87,8 @@ def part_from_records(
     """A worker's part from its records (only requests with an outcome count; see ``completed``)."""
     rec = completed(rec)
     ok = rec.outcome == 0
-    corrected, uncorrected, late = rec.corrected(), rec.uncorrected(), rec.lateness()
-    hists = {"corrected_ok": _hist(corrected[ok]), "uncorrected_ok": _hist(uncorrected[ok]), "lateness": _hist(late)}
-    for code, name in enumerate(OUTCOMES[1:], start=1):
-        sel = rec.outcome == code
-        if sel.any():
-            hists[f"corrected_{name}"] = _hist(corrected[sel])
-    counts = {name: int((rec.outcome == code).sum()) for code, name in enumerate(OUTCOMES)}
-    counts["sent"] = rec.n
+    corrected, late = rec.corrected(), rec.lateness()
+    hists, counts = outcome_histograms(rec)  # the same recording as a one-host run, so the parts merge into one
     timeline: list[dict[str, Any]] = []
     if rec.n:
         idx = rec.intended_ns // 1_000_000_000
@@ -107,7 +102,7 @@ def part_from_records(
                     "ok": int(okb.sum()),
                     "shed": int((m & (rec.outcome == 1)).sum()),
                     "error": int((m & (rec.outcome == 2)).sum()),
-                    "corrected_ok": _hist(corrected[okb]).to_dict(),
+                    "corrected_ok": histogram_of(corrected[okb]).to_dict(),
                 }
             )
     over = good = None
