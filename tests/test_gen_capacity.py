@@ -149,14 +149,15 @@ def test_cli_capacity_of_the_queueing_reference_server_is_bracketed(tmp_path: Pa
 
 @pytest.mark.slow
 def test_cli_capacity_within_the_md_c_truth(tmp_path: Path, machine_noise) -> None:  # type: ignore[no-untyped-def]
-    """Precision 10%, 4-s chunks (0.5 s of warm-up), starting near the answer: the search lands within 20% below
-    to 25% above the simulated steady-state M/D/2 capacity (the bisection's own width, the statistical verdicts,
-    the loopback's jitter, and chunks that start with an empty queue)."""
+    """Precision 10%, 6-s chunks (1 s of warm-up): the search lands within 20% below to 25% above the simulated
+    steady-state M/D/2 capacity (the bisection's own width, the statistical verdicts, the loopback's jitter, and
+    chunks that start with an empty queue). (4-s chunks from 40/s, tried in session 10 to save a minute, failed
+    one clean-clone CI run of two: the precision this test checks needs the longer steps.)"""
     machine_noise.require("generative capacity vs the M/D/c truth", stolen=0.15)
     truth = md_c_capacity(SLOTS, SERVICE_S, TTFT_S, LIMIT_S)
     with stream_server(*LAW) as url:
-        doc = _search(url, tmp_path, "--start-rate", "40", "--step-duration", "4", "--warmup", "0.5",
-                      "--max-chunks", "3", "--precision", "0.1")  # fmt: skip
+        doc = _search(url, tmp_path, "--start-rate", "20", "--step-duration", "6", "--warmup", "1",
+                      "--max-chunks", "4", "--precision", "0.1")  # fmt: skip
     cap = doc["summary"]["capacity_rate"]
     assert cap is not None and 0.8 * truth <= cap <= 1.25 * truth, (cap, truth, doc["capacity"]["steps"])
 
