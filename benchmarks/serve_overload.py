@@ -88,6 +88,7 @@ from _serving import (
 from latencylab.load.arrivals import Poisson
 from latencylab.load.capacity import Capacity, SearchConfig, Segment, search_capacity
 from latencylab.load.generator import LoadConfig, Payload, Records
+from latencylab.load.mix import Stratified
 from latencylab.load.payloads import infer_path, text_payloads, vision_payloads
 from latencylab.load.reconcile import scrape
 from latencylab.load.results import LoadResult, Slo
@@ -111,12 +112,21 @@ def payloads_for(model: str) -> list[Payload]:
     return vision_payloads() if model == "vision" else text_payloads()
 
 
+# The payload mix per model (--payload-mix): "stratified" sends every 20 consecutive requests one payload of each
+# 5% cost stratum (latencylab.load.mix; docs/metrics.md, "Capacity: the text workload"), "random" draws each.
+PAYLOAD_MIX = {"vision": "random", "text": "stratified"}
+_MIX: dict[str, str] = {"mix": "random"}  # set once by main()
+
+
 def run_once(
     url: str, path: str, payloads: list[Payload], rate: float, duration_s: float, timeout_s: float,
     slo: Slo, seed: int, env: dict[str, Any], abort_when: Any = None, request_start: bool = True,
 ) -> tuple[LoadResult, Records]:  # fmt: skip
     cfg = LoadConfig(duration_s=duration_s, timeout_s=timeout_s, connections=32, request_start_header=request_start)
-    return load_test(url, path, payloads, Poisson(rate, seed), cfg, slo, seed=seed, abort_when=abort_when, env=env)
+    arrivals: Any = Poisson(rate, seed)
+    if _MIX["mix"] == "stratified":  # cost = body size (text: passage length, which sets its tokens)
+        arrivals = Stratified.of(arrivals, [len(p.body) for p in payloads], strata=20, seed=seed)
+    return load_test(url, path, payloads, arrivals, cfg, slo, seed=seed, abort_when=abort_when, env=env)
 
 
 def capacity_search(
@@ -224,6 +234,11 @@ def main() -> int:
     )  # fmt: skip
     ap.add_argument("--deadline-ms", type=float, help="server's default_deadline_ms (default: the SLO)")
     ap.add_argument(
+        "--payload-mix", choices=["random", "stratified"],
+        help="payload per request: drawn at random, or stratified by cost (every 20 requests one of each 5%% "
+        "stratum; latencylab.load.mix); default: vision random, text stratified",
+    )  # fmt: skip
+    ap.add_argument(
         "--request-start",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -254,6 +269,8 @@ def main() -> int:
         args.at_capacity_s = 0.0
     slo_ms = args.slo_ms or (30.0 if args.model == "vision" else 100.0)
     args.start_rate = args.start_rate or (100.0 if args.model == "vision" else 10.0)
+    args.payload_mix = args.payload_mix or PAYLOAD_MIX[args.model]
+    _MIX["mix"] = args.payload_mix
     if args.max_shed is None:
         args.max_shed = TEXT_MAX_SHED if args.model == "text" else 0.01
     slo = Slo(0.99, slo_ms * 1e6)
@@ -262,7 +279,8 @@ def main() -> int:
         os.sched_setaffinity(0, {CLIENT_CPU})
     origin = "X-Request-Start (intended send)" if args.request_start else "handler start"
     print(f"serve_overload: model {args.model}, SLO p99 <= {slo_ms:g} ms, server deadline "
-          f"{args.deadline_ms or slo_ms:g} ms from {origin}, {machine_load()}")  # fmt: skip
+          f"{args.deadline_ms or slo_ms:g} ms from {origin}, payload mix {args.payload_mix}, "
+          f"{machine_load()}")  # fmt: skip
     payloads = payloads_for(args.model)
     path = infer_path(args.model)
     out: dict[str, Any] = {"model": args.model, "slo_ms": slo_ms, "args": vars(args), "load_before": os.getloadavg()}

@@ -222,16 +222,26 @@ class Admission:
         ``lead_ns``: time the request still needs before it can be submitted (its expected preprocess,
         including the wait for a preprocess worker). Every successful admit must be followed by exactly
         one ``submit`` or ``unreserve``."""
+        shed = self.refusal(deadline_ns, now, lead_ns)
+        if shed is not None:
+            raise shed
+        self._last_admit_ns = now
+        self._reserved += 1
+
+    def refusal(self, deadline_ns: int, now: int, lead_ns: int = 0) -> Shed | None:
+        """The Shed ``admit`` would raise now, or None; reserves nothing and changes nothing.
+
+        The server asks this from a request's headers before it decodes the body (serve/early.py), so that a
+        refused request costs almost nothing on the core the compute runs on."""
         depth = self._queued + self._reserved
         if depth >= self.max_queue:
-            raise Shed("queue_full", max(0.1, self.model.predict(self.max_batch) * depth / self.max_batch))
+            return Shed("queue_full", max(0.1, self.model.predict(self.max_batch) * depth / self.max_batch))
         # the same margin the release plans with (timer granularity, hand-over, answer): an admission that
         # only fits without it would be released late and fail with a 504 instead of a clean 503 now
         finish = self.predicted_finish_ns(now) + lead_ns + self.margin_ns
         if finish > deadline_ns and not self.starved(now):
-            raise Shed("deadline", max(0.1, (finish - now) / 1e9))
-        self._last_admit_ns = now
-        self._reserved += 1
+            return Shed("deadline", max(0.1, (finish - now) / 1e9))
+        return None
 
     def starved(self, now: int) -> bool:
         """Nothing admitted for ``probe_after_ns`` (since ``start`` if nothing ever was): the next request goes

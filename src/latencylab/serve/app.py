@@ -3,7 +3,8 @@
 Routes: GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{m}[/versions/{v}][/ready],
 POST /v2/models/{m}[/versions/{v}]/infer, GET /metrics. A model's versions are its ladder's
 variants: ``/versions/int8/infer`` pins a variant (bypassing the guard), plain ``/infer`` follows
-the ladder. Errors are ``{"error": "..."}`` with a 4xx/5xx status; overload is 503 + Retry-After.
+the ladder. Errors are ``{"error": "..."}`` with a 4xx/5xx status; overload is 503 + Retry-After, decided before
+the body is decoded whenever the headers tell the deadline (serve/early.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from latencylab.clock import Clock, PerfCounterClock
 from latencylab.serve.admission import retry_after_header
 from latencylab.serve.batcher import now_reader
 from latencylab.serve.config import ServerConfig
+from latencylab.serve.early import early_refusal
 from latencylab.serve.limits import DISCONNECT, DisconnectHook, HttpLimits, guarded_protocol
 from latencylab.serve.metrics import ServerMetrics
 from latencylab.serve.protocol_request import (
@@ -181,6 +183,12 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
                 timing.age_ns = request_age_ns(stamp, epoch0)
                 state.metrics.request_age.labels(svc.name).observe(timing.age_ns / 1e9)
             body = await _read_body(request, state.cfg.max_body_bytes, state.limits.body_timeout_s)
+            pinned = svc.ladder.index(version) if version is not None and version != "cache" else None
+            # Refused from its headers before its body is decoded (serve/early.py): under overload most requests
+            # are refused, and decoding them all took the core the compute needs.
+            refused = early_refusal(svc, timing, now_ns(), pinned, body, request.headers, DEADLINE_HEADER)
+            if refused is not None:
+                raise refused
             req, output_format = decode_infer_request(body, svc.name, version, svc.inputs, headers=request.headers)
             header_deadline = request.headers.get(DEADLINE_HEADER)
             if header_deadline is not None and "deadline_ms" not in req.parameters:
@@ -188,7 +196,6 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
                 req = dataclasses.replace(req, parameters={**req.parameters, "deadline_ms": deadline_ms})
             check_requested_outputs(req.outputs, svc.outputs)
             timing.parsed = now_ns()
-            pinned = svc.ladder.index(version) if version is not None and version != "cache" else None
             if hook is None:  # no disconnect notice (an ASGI server other than ours, a test client)
                 resp, params = await svc.infer(req, timing, pinned)
             else:
