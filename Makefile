@@ -60,13 +60,18 @@ run: $(STAMP) prepare
 system-deps:
 	@bash scripts/system-deps.sh
 
+# Two pytest-xdist workers, a test file per worker at a time; a test that judges real wall-clock behaviour is
+# marked `serial` and runs alone (tests/serial_lock.py). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 # Everything: the fast tier and the slow one (real models, servers, the browser, the MLServer peer).
 test: $(STAMP) $(MLSERVER_STAMP) $(LLAMACPP_STAMP) system-deps prepare
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 # Unit tests only (fake clocks, fake variants, no real model, server process or browser): under 2 minutes.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -22,10 +22,13 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
 
 import pytest
+
+import serial_lock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -56,27 +59,74 @@ SLOW: dict[str, str] = {
     "test_load.py::test_cli_early_stop_when_the_slo_verdict_is_decided": "a real load run through the CLI",
     "test_load.py::test_cli_load_json_and_jsonl": "a real load run through the CLI",
     "test_load_early_stop.py::test_a_burst_at_the_start_of_a_real_run_does_not_stop_it": "a real load run",
-    "test_gen_capacity.py::test_cli_capacity_of_the_queueing_reference_server_is_bracketed": "a capacity search",
     "test_gen_workload.py::test_fidelity_reference_and_score": "greedy answers and perplexity over the prompt set",
     "test_gen_workload.py::test_kv_cache_off_gives_the_same_tokens": "decodes the prompt set twice (~10 s)",
     "test_gen_speculative.py::test_sampled_speculative_output_is_distributed_as_the_target": "thousands of samples",
 }
 
 
+# Tests that judge real wall-clock behaviour (a percentile against a known truth, a capacity search, a stall or a
+# timer they must see): `make test` runs two pytest-xdist workers, and each of these runs alone
+# (tests/serial_lock.py). Every test that asks for the ``machine_noise`` fixture is serial too, and a test may
+# say ``@pytest.mark.serial`` where it is written. Same keys as ``SLOW``.
+SERIAL: dict[str, str] = {
+    "test_noise.py": "measures the machine's own noise",
+    "test_load_pacing.py": "times the load generator's pacing",
+    "test_load_capacity_reference.py": "capacity against the M/D/1 truth",
+    "test_scaleout_ray.py": "local Ray clusters (CPU resources counted, one cluster at a time)",
+    "test_diagnose_gen.py::test_one_stream_at_a_time_stalls_on_the_reference_server": "a stall it must see",
+    "test_genserve_http.py::test_a_client_that_disconnects_frees_its_slot_within_a_step": "within one step",
+    "test_genserve_http.py::test_a_slow_reader_does_not_hold_up_the_batch": "token timing of the others",
+    "test_load.py::test_percentiles_within_3pct_of_known_service_times": "percentiles against the truth",
+    "test_load.py::test_open_loop_shows_a_stall_that_closed_loop_hides": "a stall it must see",
+    "test_load.py::test_slo_verdict_and_early_abort": "an SLO verdict on real latencies",
+    "test_load.py::test_cli_early_stop_when_the_slo_verdict_is_decided": "an SLO verdict on real latencies",
+    "test_load.py::test_timeouts_are_errors_not_drops": "timeouts racing real service times",
+    "test_load.py::test_min_requests_extends_the_run": "a run's length in real time",
+    "test_load_early_stop.py::test_a_burst_at_the_start_of_a_real_run_does_not_stop_it": "an SLO verdict",
+    "test_load_stream.py::test_a_stalled_stream_shows_in_itl_p99": "a stall it must see",
+    "test_profiler.py::test_min_time_rule_runs_at_least_that_long": "a run's length in real time",
+    "test_diagnose_pipelines.py::test_clean_control_gives_no_finding_on_a_quiet_machine": "no false alarm",
+    "test_diagnose_pipelines.py::test_a_cycled_input_set_is_no_periodic_finding": "no false alarm",
+    "test_diagnose_pipelines.py::test_repeated_pauses_named_with_stage_period_iterations_and_effect": "pauses",
+    "test_compare.py::test_two_real_runs_of_one_configuration_do_not_differ": "no false alarm on real runs",
+    "test_compare_runs.py::test_cli_interleaved_run_catches_a_slower_stage_and_passes_an_unchanged_one": "A/B",
+    "test_budget.py::test_cli_profile_exit_code_follows_the_budget": "a latency budget on real runs",
+    "test_serve_app.py::test_hung_model_gives_deadline_errors_not_a_hung_server": "deadlines in real time",
+    "test_serve_app.py::test_ladder_steps_down_to_lighter_then_cache_and_back_up": "the guard on real latencies",
+    "test_serve_process.py::test_real_prometheus_computes_p99_with_histogram_quantile": "p99 of a real run",
+    "test_serve_process.py::test_overload_with_request_start_every_request_has_one_outcome": "overload in real time",
+}
+
+
+def _named(table: dict[str, str], item: pytest.Item) -> bool:
+    module = item.path.name
+    names = (getattr(item, "originalname", item.name), *getattr(item, "fixturenames", ()))
+    return module in table or any(f"{module}::{n}" in table for n in names)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests ``SLOW`` names as slow; warn about a name its module no longer defines."""
+    """Mark the tests ``SLOW`` and ``SERIAL`` name; warn about a name its module no longer defines."""
     seen: dict[str, object] = {}
     for item in items:
-        module = item.path.name
-        seen[module] = getattr(item, "module", None)
-        names = (getattr(item, "originalname", item.name), *getattr(item, "fixturenames", ()))
-        if module in SLOW or any(f"{module}::{n}" in SLOW for n in names):
+        seen[item.path.name] = getattr(item, "module", None)
+        if _named(SLOW, item):
             item.add_marker(pytest.mark.slow)
-    for key in SLOW:
-        module, _, name = key.partition("::")
-        if name and module in seen and not hasattr(seen[module], name):
-            warnings.warn(f"tests/conftest.py SLOW names {key!r}: {module} defines no {name}", stacklevel=1)
+        if _named(SERIAL, item) or "machine_noise" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.serial)
+    for table, label in ((SLOW, "SLOW"), (SERIAL, "SERIAL")):
+        for key in table:
+            module, _, name = key.partition("::")
+            if name and module in seen and not hasattr(seen[module], name):
+                warnings.warn(f"tests/conftest.py {label} names {key!r}: {module} defines no {name}", stacklevel=1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under xdist, a serial test (set-up, call and tear-down) runs alone; any other shares the machine."""
+    with serial_lock.held(exclusive=item.get_closest_marker("serial") is not None):
+        yield
 
 
 STALL_NS = 100_000  # a gap this long between two clock reads of a spinning thread is the scheduler's doing
