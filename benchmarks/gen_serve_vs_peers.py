@@ -40,6 +40,8 @@ One run, same machine, same prompts, same objectives for every server:
     /tmp/lbench .venv/bin/python benchmarks/gen_serve_vs_peers.py --only static
     /tmp/lbench .venv/bin/python benchmarks/gen_serve_vs_peers.py --only latencylab     # needs naive's result
     /tmp/lbench .venv/bin/python benchmarks/gen_serve_vs_peers.py --only llamacpp
+    /tmp/lbench .venv/bin/python benchmarks/gen_serve_vs_peers.py --only latencylab --overload-only  # re-run
+                   # only the 2x-overload step, at 2x the saved capacity (the previous one kept as superseded)
     .venv/bin/python benchmarks/gen_serve_vs_peers.py --report   # table, ratios, plot from the saved steps
     .venv/bin/python benchmarks/gen_serve_vs_peers.py --quick --out /tmp/q   # a smoke run (seconds per step)
 
@@ -405,6 +407,41 @@ def measure_server(name: str, cfg: Config, out: Path, prompts: list[Any], log: C
     return doc
 
 
+def measure_overload(
+    cfg: Config, out: Path, prompts: list[Any], log: Callable[[str], None], rate: float | None
+) -> None:
+    """Only latencylab's 2x-overload step, at ``rate`` (default: twice the capacity saved in <out>/latencylab.json);
+    the saved document keeps its search steps, the new step replaces the old overload step, which is kept under
+    ``superseded`` (with its date)."""
+    path = out / "latencylab.json"
+    doc = json.loads(path.read_text()) if path.exists() else None
+    if rate is None:
+        if not doc or not doc.get("capacity"):
+            raise SystemExit(f"--overload-only: no saved latencylab capacity in {path}; give --overload-rate")
+        rate = round(2 * doc["capacity"], 3)
+    started = start_server("latencylab", cfg, out / "logs" / "latencylab")
+    if isinstance(started, str):
+        raise SystemExit(f"latencylab: {started}")
+    srv, model = started
+    log(f"latencylab: up in {srv.startup_s:.1f} s at {srv.url} ({model}); overload step only, {rate:.3f}/s")
+    try:
+        warm(srv, model)
+        drain(srv)
+        st = run_step(srv, model, rate, "overload-2x", cfg, prompts)
+        log(describe(st))
+    finally:
+        srv.stop()
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if doc is None:
+        doc = {"server": "latencylab", "model": model, "capacity": None, "steps": [], "config": asdict(cfg),
+               "machine": cpu_model()}  # fmt: skip
+    old = [x for x in doc["steps"] if x["purpose"] == "overload-2x"]
+    doc.setdefault("superseded", []).extend({**x, "run_date": doc.get("date")} for x in old)
+    doc["steps"] = [x for x in doc["steps"] if x["purpose"] != "overload-2x"] + [asdict(st)]
+    doc["overload_date"] = date
+    path.write_text(json.dumps(doc, indent=1))
+
+
 def _saved_capacity(out: Path, name: str) -> float | None:
     p = out / f"{name}.json"
     if not p.exists():
@@ -548,6 +585,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="per request, seconds")
     ap.add_argument("--no-pin", action="store_true", help="do not pin servers to CPU 1 and the generator to CPU 0")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 6-s steps, 2 per server, 8 tokens")
+    ap.add_argument(
+        "--overload-only",
+        action="store_true",
+        help="with --only latencylab: run only the 2x-overload step (2x the saved capacity)",
+    )
+    ap.add_argument("--overload-rate", type=float, default=None, help="--overload-only: this rate instead (req/s)")
     args = ap.parse_args()
     if args.quick:
         args.min_duration, args.max_duration, args.min_requests, args.max_steps = 6.0, 6.0, 1, 2
@@ -556,6 +599,8 @@ def main() -> int:
     bad = [n for n in names if n not in SERVERS]
     if bad:
         ap.error(f"--only: unknown server(s) {', '.join(bad)}; choose from {', '.join(SERVERS)}")
+    if args.overload_only and names != ["latencylab"]:
+        ap.error("--overload-only goes with --only latencylab")
     pin = not args.no_pin and (os.cpu_count() or 1) >= 2
     cfg = Config(args.ttft_slo, args.tpot_slo, args.max_tokens, args.min_duration, args.max_duration,
                  args.min_requests, args.max_steps, args.timeout, pin, args.quick)  # fmt: skip
@@ -568,7 +613,9 @@ def main() -> int:
         print(f"{cpu_model()}; {machine_load()}; servers on CPU {SERVER_CPU if pin else 'any'}, generator on CPU "
               f"{CLIENT_CPU if pin else 'any'}", flush=True)  # fmt: skip
         prompts = prompts_for(cfg.max_tokens)
-        for name in names:
+        if args.overload_only:
+            measure_overload(cfg, out, prompts, lambda m: print(m, flush=True), args.overload_rate)
+        for name in [] if args.overload_only else names:
             measure_server(name, cfg, out, prompts, lambda m: print(m, flush=True))
     docs = load_docs(out)
     text = report(docs, cfg)

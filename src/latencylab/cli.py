@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from latencylab import __version__
-from latencylab.cliargs import add_ray_arguments, fraction, non_negative_int, positive_float, positive_int
+from latencylab.cliargs import (
+    add_otlp_argument,
+    add_ray_arguments,
+    fraction,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from latencylab.errors import LatencyLabError
 
 EXIT_USAGE = 2
@@ -130,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="write the SLO guard's ladder over time (JSON for `latencylab report`), every 30 s and on shutdown",
     )
+    add_otlp_argument(sv)
 
     op = sub.add_parser("optimize", help="search optimisation variants; keep the fastest inside the accuracy budget")
     op.add_argument("--workload", default="text", choices=["text", "vision"])

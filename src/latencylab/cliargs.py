@@ -7,7 +7,16 @@ from collections.abc import Sequence
 
 from latencylab.errors import LatencyLabError
 
-__all__ = ["add_ray_arguments", "fraction", "non_negative_int", "params", "positive_float", "positive_int"]
+__all__ = [
+    "add_otlp_argument",
+    "add_ray_arguments",
+    "fraction",
+    "non_negative_int",
+    "otlp_endpoint",
+    "params",
+    "positive_float",
+    "positive_int",
+]
 
 
 def params(pairs: Sequence[str]) -> dict[str, str]:
@@ -66,4 +75,23 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers", type=positive_int, default=None,
         help="with --ray: N generator actors (one CPU each, spread over the nodes); the arrival process is split "
         "so that their union is the one asked for (default 2)",
+    )  # fmt: skip
+
+
+def otlp_endpoint(text: str) -> str:
+    """An OTLP/HTTP traces URL: http(s)://host[:port]/path."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(text)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL, e.g. http://127.0.0.1:4318/v1/traces")
+    return text
+
+
+def add_otlp_argument(parser: argparse.ArgumentParser) -> None:
+    """``--otlp-endpoint URL``: export a span per request over OTLP/HTTP (serve, both the OIP and the gen server)."""
+    parser.add_argument(
+        "--otlp-endpoint", type=otlp_endpoint, default=None, metavar="URL",
+        help="export an OpenTelemetry span per request (with its stages as children) over OTLP/HTTP to URL, "
+        "e.g. http://127.0.0.1:4318/v1/traces (default: no tracing)",
     )  # fmt: skip

@@ -38,7 +38,6 @@ from latencylab.genserve.api import BadRequest, GenParams, parse_chat, parse_com
 from latencylab.genserve.service import GenService, TokenStream
 from latencylab.serve.admission import Shed, retry_after_header
 from latencylab.serve.limits import DISCONNECT, DisconnectHook, HttpLimits
-from latencylab.serve.tracing import RequestTracer
 
 log = logging.getLogger("latencylab.genserve")
 JSON = "application/json"
@@ -61,7 +60,11 @@ def build_gen_app(
 ) -> Starlette:
     ids = itertools.count(1)
     cfg = svc.cfg
-    tracer = RequestTracer(tracer_provider)
+    tracer: Any = None  # opentelemetry is imported only when spans are exported
+    if tracer_provider is not None:
+        from latencylab.serve.tracing import RequestTracer
+
+        tracer = RequestTracer(tracer_provider)
 
     def authorised(request: Request) -> bool:
         if token is None:
@@ -180,7 +183,7 @@ def build_gen_app(
             code = "200" if stream.finish not in ("cancelled", "error") else (
                 "499" if stream.finish == "cancelled" else "500")  # fmt: skip
         svc.metrics.requests.labels(cfg.model_name, code, stream.finish or "cancelled").inc()
-        if tracer.enabled:
+        if tracer is not None and tracer.enabled:
             trace(request, stream)
 
     def trace(request: Request, stream: TokenStream) -> None:

@@ -37,6 +37,25 @@ class StepCosts:
             per = min(per, self.clip * old)
         self.prefill_per_token_s = per if old is None else old + self.alpha * (per - old)
 
+    def fit_prefill(self, samples: list[tuple[int, float]]) -> None:
+        """Seed the prefill cost from warm-up forwards (tokens, seconds) of two or more prompt lengths: a fixed
+        cost per forward (the weights are read once whatever the chunk) plus a cost per token, from the median
+        time of the shortest and the longest length. With one length, the per-token cost alone."""
+        by_len: dict[int, list[float]] = {}
+        for n, sec in samples:
+            if n > 0:
+                by_len.setdefault(n, []).append(sec)
+        if not by_len:
+            return
+        med = {n: sorted(v)[len(v) // 2] for n, v in by_len.items()}
+        lo, hi = min(med), max(med)
+        slope = (med[hi] - med[lo]) / (hi - lo) if hi > lo else 0.0
+        if slope <= 0:
+            self.prefill_overhead_s, self.prefill_per_token_s = 0.0, med[hi] / hi
+            return
+        self.prefill_overhead_s = max(0.0, med[lo] - slope * lo)
+        self.prefill_per_token_s = (med[hi] - self.prefill_overhead_s) / hi
+
     def observe_decode(self, batch: int, seconds: float) -> None:
         self.decode.observe(batch, seconds)
 

@@ -17,12 +17,15 @@ reads the time from an injected :class:`~latencylab.clock.Clock`. One :meth:`Sch
 A long prompt joining therefore costs the others at most one chunk's prefill per step instead of its whole
 prefill: their inter-token latency is bounded by ``decode(batch) + prefill(chunk)``.
 
-Admission (:meth:`Scheduler.submit`) predicts the new sequence's TTFT from the costs learnt so far
-(:class:`~latencylab.genserve.cost.StepCosts`): the wait for a slot (the running and waiting sequences ahead,
-each expected to produce ``output_fraction x max_tokens`` tokens, simulated on ``max_num_seqs`` slots at the
-predicted step time), then the prefill work ahead of it and its own, a chunk per step, each step also paying
-a decode step of the batch. A request predicted past its TTFT deadline is refused with
-:class:`~latencylab.serve.admission.Shed` (503 + Retry-After) before it queues.
+Admission (:meth:`Scheduler.submit`) forecasts the new sequence's TTFT by replaying this policy step by step
+on the costs learnt so far (genserve/forecast.py, :class:`~latencylab.genserve.cost.StepCosts`: seeded at
+warm-up, then an EWMA of every step): the rest of the step in progress, then every step until its prompt's last
+chunk is in, each paying the prefill forwards ahead of it (a chunk budget a step) and a decode forward of the
+running batch, whose sequences leave when their expected output (``output_fraction x max_tokens``) is done
+and let the waiting ones in. The forecast is scaled by the recent error of forecasts near their deadline
+(:class:`~latencylab.genserve.forecast.ForecastError`) and must land, with ``margin_s``, inside
+``ttft_target_fraction`` of the time left to the TTFT deadline; a request that does not is refused with
+:class:`~latencylab.serve.admission.Shed` (503 + Retry-After: the scaled forecast) before it queues.
 
 Thread model: ``submit``, ``cancel`` and ``stop`` may be called from any thread (the event loop); ``step``
 from one worker thread. A lock guards the queues; the engine runs outside it.
@@ -30,9 +33,7 @@ from one worker thread. A lock guards the queues; the engine runs outside it.
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import math
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from typing import Any, Protocol
 
 from latencylab.clock import Clock, PerfCounterClock
 from latencylab.genserve.cost import StepCosts
+from latencylab.genserve.forecast import ForecastError, Pending, expected_output, forecast_ttft_s
 from latencylab.serve.admission import Shed
 from latencylab.serve.batcher import now_reader
 
@@ -65,6 +67,10 @@ class SchedulerConfig:
     prefill_chunk_tokens: int = 128  # prompt tokens prefilled per step (chunked prefill)
     max_waiting: int = 256  # queued sequences beyond the running batch; more are shed ("queue_full")
     margin_s: float = 0.02  # added to every TTFT prediction (timer, hand-over, first write)
+    # admission plans a first token inside this fraction of the time left to its TTFT deadline: under overload
+    # every admitted request is planned at the boundary, so the plan must sit below the deadline for the p99 to
+    ttft_target_fraction: float = 0.9
+    forecast_quantile: float = 0.9  # the quantile of recent forecast errors (actual / forecast) admission scales by
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -75,6 +81,10 @@ class SchedulerConfig:
             raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if not 0 < self.ttft_target_fraction <= 1:
+            raise ValueError(f"ttft_target_fraction must be in (0, 1], got {self.ttft_target_fraction}")
+        if not 0 < self.forecast_quantile <= 1:
+            raise ValueError(f"forecast_quantile must be in (0, 1], got {self.forecast_quantile}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +135,7 @@ class Seq:
     engine_state: Any = None  # the engine's per-sequence data (its KV cache)
     generator: Any = None  # the engine's sampler state (a seeded torch.Generator)
     user: Any = None  # the caller's handle (the HTTP layer's stream)
+    forecast_s: float | None = None  # admission's TTFT forecast (unscaled), kept when it was near its deadline
 
     @property
     def finished(self) -> bool:
@@ -189,6 +200,8 @@ class Scheduler:
         self.running: list[Seq] = []
         self._cancelled: list[Seq] = []  # cancelled while waiting: reported by the next step
         self.kv_reserved = 0
+        self.forecast_error = ForecastError(self.cfg.forecast_quantile)
+        self._step_eta_ns: int | None = None  # the predicted end of the step in progress
         self.work = threading.Condition(self._lock)  # notified when something is submitted or cancelled
 
     # -- the caller's side (any thread) --------------------------------------------------------------------
@@ -208,13 +221,19 @@ class Scheduler:
         with self._lock:
             now = self.now_ns() if now is None else now
             if len(self.waiting) >= self.cfg.max_waiting:
-                raise Shed("queue_full", max(0.1, self._predicted_ttft_s(req) or 1.0))
+                raise Shed("queue_full", max(0.1, self._predicted_ttft_s(req, now, 60.0) or 1.0))
+            forecast: float | None = None
             if req.ttft_deadline_ns is not None:
-                ttft = self._predicted_ttft_s(req)
-                finish = now + int((ttft + self.cfg.margin_s) * 1e9)
-                if finish > req.ttft_deadline_ns:
-                    raise Shed("deadline", max(0.1, ttft))
-            seq = Seq(next(self._ids), req, now, user=user)
+                left_s = (req.ttft_deadline_ns - now) / 1e9
+                allowed_s = self.cfg.ttft_target_fraction * left_s - self.cfg.margin_s
+                raw = self._predicted_ttft_s(req, now, horizon_s=max(0.0, left_s))
+                planned = raw * self.forecast_error.scale(now)
+                if planned > allowed_s:  # Retry-After: the whole forecast (the replay above stopped at the deadline)
+                    full = self._predicted_ttft_s(req, now, 60.0) * self.forecast_error.scale(now)
+                    raise Shed("deadline", max(0.1, full))
+                if self.forecast_error.is_near(planned, allowed_s):
+                    forecast = raw
+            seq = Seq(next(self._ids), req, now, user=user, forecast_s=forecast)
             self.waiting.append(seq)
             self.work.notify_all()
         return seq
@@ -255,37 +274,26 @@ class Scheduler:
 
     # -- admission's prediction (under the lock) ----------------------------------------------------------
 
-    def _expected_steps(self, s: Seq) -> float:
-        """Decode steps ``s`` is still expected to take (its expected output less what it has produced)."""
-        expected = max(1.0, self.costs.output_fraction * s.req.max_tokens)
-        return max(1.0, expected - len(s.tokens))
+    def _pending(self, s: Seq, target: bool = False) -> Pending:
+        expected = expected_output(self.costs, s.req.max_tokens)
+        if s.state == "decode":
+            return Pending(0, max(1, expected - len(s.tokens)), s.req.kv_tokens, decoding=True)
+        return Pending(s.prompt_len - s.prefilled, expected - 1, s.req.kv_tokens, target=target)
 
-    def _predicted_ttft_s(self, req: GenRequest) -> float:
-        """Seconds from now to ``req``'s first token if queued now (see the module docstring)."""
-        cfg, costs = self.cfg, self.costs
-        slots = cfg.max_num_seqs
-        ahead = list(self.running) + list(self.waiting)
-        batch = min(slots, len(ahead) + 1)
-        step_s = costs.decode_s(batch)
-        pending_prefill = sum(s.prompt_len - s.prefilled for s in ahead if s.state in ("waiting", "prefill"))
-        own = len(req.prompt_ids)
-        chunk = cfg.prefill_chunk_tokens
-        if len(ahead) < slots:  # a slot is free: the prefills ahead, then its own, a chunk per step
-            work = pending_prefill + own
-            steps = math.ceil(work / chunk)
-            return (
-                costs.prefill_s(work) + (math.ceil(own / chunk) - 1) * costs.prefill_overhead_s + (steps - 1) * step_s
-            )
-        # every slot taken: when does one free? simulate the slots in decode steps
-        heap = [self._expected_steps(s) for s in self.running]
-        heap += [0.0] * (slots - len(heap))
-        heapq.heapify(heap)
-        for s in self.waiting:
-            free = heapq.heappop(heap)
-            heapq.heappush(heap, free + math.ceil(s.prompt_len / chunk) + self._expected_steps(s))
-        wait_s = heapq.heappop(heap) * step_s + costs.prefill_s(pending_prefill)
-        own_steps = math.ceil(own / chunk)
-        return wait_s + costs.prefill_s(own) + (own_steps - 1) * (step_s + costs.prefill_overhead_s)
+    def _predicted_ttft_s(self, req: GenRequest, now: int | None = None, horizon_s: float = float("inf")) -> float:
+        """Seconds from ``now`` to ``req``'s first token if queued now (genserve/forecast.py)."""
+        now = self.now_ns() if now is None else now
+        rest_s = 0.0 if self._step_eta_ns is None else max(0, self._step_eta_ns - now) / 1e9
+        running = [self._pending(s) for s in self.running if not (s.finished or s.cancel_reason)]
+        waiting = [self._pending(s) for s in self.waiting]
+        expected = expected_output(self.costs, req.max_tokens)
+        waiting.append(Pending(len(req.prompt_ids), expected - 1, req.kv_tokens, target=True))
+        cfg = self.cfg
+        return rest_s + forecast_ttft_s(
+            running, waiting, sum(p.kv_tokens for p in running), max_num_seqs=cfg.max_num_seqs,
+            kv_budget_tokens=cfg.kv_budget_tokens, prefill_chunk_tokens=cfg.prefill_chunk_tokens, costs=self.costs,
+            horizon_s=horizon_s - rest_s,
+        )  # fmt: skip
 
     # -- the worker's side ----------------------------------------------------------------------------------
 
@@ -297,9 +305,11 @@ class Scheduler:
             joined = self._admit(start)
             prefilling = [s for s in self.running if s.state == "prefill"]
             decoding = [s for s in self.running if s.state == "decode"]
+            self._step_eta_ns = start + int(self._step_cost_s(prefilling, len(decoding)) * 1e9)
         for s in cancelled:
             self.engine.release(s)
         if not (prefilling or decoding or cancelled):
+            self._step_eta_ns = None
             return None
         ended: list[Seq] = []  # finished by this step's tokens
         tokens: list[tuple[Seq, int]] = []
@@ -341,6 +351,11 @@ class Scheduler:
                     self.running.remove(s)
                     self.kv_reserved -= s.req.kv_tokens
             running, waiting, reserved = len(self.running), len(self.waiting), self.kv_reserved
+            self._step_eta_ns = None
+            for s, _tok in tokens:  # the first tokens of this step reach their clients now, at its end
+                if s.forecast_s is not None:
+                    self.forecast_error.observe(t2, s.forecast_s, (t2 - s.arrival_ns) / 1e9)
+                    s.forecast_s = None
         for s in ended:
             self.engine.release(s)
             self.costs.observe_finish(len(s.tokens), s.req.max_tokens)
@@ -348,6 +363,17 @@ class Scheduler:
             start, t2, prefill_tokens, t1 - t0, len(live), t2 - t1, tuple(tokens), (*cancelled, *ended), tuple(joined),
             running, waiting, reserved, self.kv_used,
         )  # fmt: skip
+
+    def _step_cost_s(self, prefilling: list[Seq], decode_batch: int) -> float:
+        """The predicted cost of a step that prefills ``prefilling`` (a chunk budget) and decodes a batch."""
+        budget, total = self.cfg.prefill_chunk_tokens, self.costs.decode_s(decode_batch)
+        for s in prefilling:
+            if budget <= 0:
+                break
+            take = min(s.prompt_len - s.prefilled, budget)
+            total += self.costs.prefill_s(take)
+            budget -= take
+        return total
 
     def _apply_cancellations(self, now: int) -> list[Seq]:
         out = list(self._cancelled)

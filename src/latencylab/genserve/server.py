@@ -30,7 +30,8 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
     """``serve --model gen`` flags: --max-batch-size is max_num_seqs, --slo-ms the TTFT deadline (ms)."""
     sched = SchedulerConfig(max_num_seqs=getattr(args, "max_batch_size", None) or 8)
     over: dict[str, Any] = {"sched": sched}
-    for key, attr in (("host", "host"), ("port", "port"), ("token_env", "token_env"), ("threads", "threads")):
+    for key, attr in (("host", "host"), ("port", "port"), ("token_env", "token_env"), ("threads", "threads"),
+                      ("otlp_endpoint", "otlp_endpoint")):  # fmt: skip
         v = getattr(args, attr, None)
         if v is not None:
             over[key] = v

@@ -300,10 +300,18 @@ class GenService:
     # -- lifecycle
 
     def warmup(self, prompt_tokens: int = 64, max_tokens: int = 4) -> None:
-        """Seed each scheduler's cost model with real steps (before serving): one sequence alone, then a full
-        batch."""
+        """Seed each scheduler's cost model with real steps (before serving): single prompts of two lengths (the
+        prefill's fixed and per-token costs), then one sequence alone and a full batch (decode steps)."""
         prompt = tuple(range(100, 100 + prompt_tokens))
+        lengths = sorted({max(1, prompt_tokens // 8), min(prompt_tokens * 2, self.cfg.sched.prefill_chunk_tokens)})
         for sched in self.scheds.values():
+            forwards: list[tuple[int, float]] = []  # one prompt, one forward: a fixed cost and a cost per token
+            for n_tok in lengths * 3:
+                sched.submit(GenRequest(tuple(range(100, 100 + n_tok)), 1))
+                while (rep := sched.step()) is not None:
+                    if rep.prefill_tokens:
+                        forwards.append((rep.prefill_tokens, rep.prefill_ns / 1e9))
+            sched.costs.fit_prefill(forwards)
             for n in (1, self.cfg.sched.max_num_seqs):
                 for _ in range(n):
                     sched.submit(GenRequest(prompt, max_tokens))

@@ -37,6 +37,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             "token_env": args.token_env,
             "threads": args.threads,
             "trust_request_start": getattr(args, "trust_request_start", None),
+            "otlp_endpoint": getattr(args, "otlp_endpoint", None),
         }.items()
         if v is not None
     }
