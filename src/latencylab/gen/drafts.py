@@ -93,12 +93,10 @@ def lookup(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 
 
 def int8_model(model: Any) -> Any:
     """A copy of ``model`` with its Linear layers (LM head included) dynamically quantised to INT8."""
-    import torch
+    from latencylab.gen.quant import quantize
 
-    quantize_dynamic = torch.ao.quantization.quantize_dynamic
-    q = copy.deepcopy(model)
     # The LM head shares its weight with the embedding (tied); the quantised head gets its own int8 copy.
-    return quantize_dynamic(q, {torch.nn.Linear}, dtype=torch.qint8).eval()
+    return quantize(model, "dynamic")
 
 
 def early_exit_model(model: Any, layers: int) -> Any:

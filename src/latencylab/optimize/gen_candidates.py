@@ -1,0 +1,222 @@
+"""The candidates of ``latencylab optimize --workload gen``: variants of a causal LM, each generating tokens.
+
+A generative candidate is not a feed -> array function like the encoder search's (:mod:`.types`): its unit
+of work is a request (prompt ids -> output tokens) and its latency is two figures, TTFT and TPOT. So it has
+its own small contract, in the same shape:
+
+* :class:`GenInputs`: held-out prompts for fidelity and for timing, held-out text for perplexity,
+  calibration text for the sensitivity ranking only (disjoint from the held-out text), the EOS ids;
+* :class:`GenCandidate`: a name, a family, the ``params`` that rebuild it (they go into the recipe),
+  whether it is **exact by construction** (greedy speculative decoding of the FP32 model: its output is
+  the FP32 model's greedy output token for token), and a reason when it cannot run here;
+* :class:`GenRunner` (built by :func:`build` from the params): ``generate(ids, n, eos) -> GenRun`` with the
+  clock's TTFT (prefill) and decode time, and ``model``, the module whose logits fidelity scores.
+
+``params``: ``weights`` (``fp32`` or a :data:`latencylab.gen.quant.METHODS` INT8 method), ``keep_float``
+(the k Linear layers :func:`latencylab.gen.quant.sensitivity` ranks most harmed, left FP32), ``threads``,
+and for speculative decoding ``draft`` (``lookup`` | ``int8``, :func:`latencylab.gen.drafts.build_draft`)
+and ``k`` (drafted tokens per verify step).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from latencylab.clock import Clock, PerfCounterClock
+from latencylab.errors import LatencyLabError
+
+Ids = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GenInputs:
+    """Token ids of everything the search runs; ``labels`` name the prompts in the report."""
+
+    fidelity_prompts: tuple[Ids, ...]
+    timing_prompts: tuple[Ids, ...]
+    texts: tuple[Ids, ...]  # held-out text: perplexity
+    calibration: tuple[Ids, ...]  # sensitivity ranking only, never scored
+    eos: frozenset[int] = frozenset()
+    labels: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.fidelity_prompts or not self.timing_prompts or not self.texts:
+            raise LatencyLabError("gen search: needs fidelity prompts, timing prompts and held-out text")
+        if set(self.texts) & set(self.calibration):
+            raise LatencyLabError("gen search: the calibration text overlaps the held-out text")
+
+
+@dataclass(slots=True)
+class GenContext:
+    """What candidates are built from: the FP32 model, the inputs, the baseline's threads, the clock."""
+
+    model: Any
+    inputs: GenInputs
+    threads: int = 1
+    clock: Clock = field(default_factory=PerfCounterClock)
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def ranked(self, method: str) -> tuple[tuple[str, float], ...]:
+        """:func:`latencylab.gen.quant.sensitivity` of the FP32 model on the calibration text, once per method."""
+        key = f"sensitivity:{method}"
+        if key not in self.cache:
+            from latencylab.gen.quant import sensitivity
+
+            set_threads(self.threads)
+            self.cache[key] = sensitivity(self.model, self.inputs.calibration, method)
+        return tuple(self.cache[key])
+
+
+@dataclass(frozen=True, slots=True)
+class GenRun:
+    """One request: the tokens, the clock's TTFT (start to first token) and decode time (first to last), and
+    for speculative decoding the drafts proposed and accepted and the verify steps."""
+
+    tokens: tuple[int, ...]
+    ttft_ns: int
+    decode_ns: int
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+
+def set_threads(n: int) -> None:
+    import torch
+
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+class GenRunner:
+    """A model variant generating greedily: plain (one forward per token) or speculative (a draft proposes
+    ``k`` tokens, the model verifies them in one forward)."""
+
+    def __init__(self, model: Any, threads: int, clock: Clock, draft: Any = None, k: int = 4) -> None:
+        self.model, self.threads, self.clock, self.draft, self.k = model, threads, clock, draft, k
+        self.stats: dict[str, Any] = {}
+        self._target: Any = None
+        if draft is not None:
+            from latencylab.gen.lm import HFLM
+
+            self._target = HFLM(model)
+
+    def generate(self, ids: Sequence[int], n: int, eos: frozenset[int] = frozenset()) -> GenRun:
+        """Greedy, up to ``n`` tokens, stopping after an ``eos`` token (none: exactly ``n``: equal work)."""
+        set_threads(self.threads)  # outside the timed span
+        if self.draft is not None:
+            from latencylab.gen.speculative import speculative_generate
+
+            r = speculative_generate(self._target, self.draft, ids, n, k=self.k, eos=eos, clock=self.clock)
+            return GenRun(r.tokens, r.prefill_ns, r.decode_ns, r.proposed, r.accepted, len(r.steps))
+        from latencylab.workloads.gen_decode import DecodeConfig, decode, new_state, prefill
+
+        cfg = DecodeConfig(ignore_eos=not eos)
+        m0 = self.clock.mark()
+        st = decode(self.model, prefill(self.model, new_state(ids, n), cfg), cfg, eos, clock=self.clock)
+        t0 = int(self.clock.resolve([m0])[0])
+        return GenRun(tuple(st.tokens), st.step_ns[0] - t0, st.step_ns[-1] - st.step_ns[0])
+
+    def close(self) -> None:
+        self.model = self.draft = self._target = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenCandidate:
+    name: str
+    family: str  # fp32 | int8-dynamic | int8-weight | int8-mixed | threads | speculative | compile | kv-dtype
+    params: Mapping[str, Any]
+    description: str = ""
+    exact: bool = False  # lossless by construction: the FP32 model's greedy output, token for token
+    skip: str | None = None  # why it cannot run (reported as skipped)
+
+
+def build(ctx: GenContext, params: Mapping[str, Any]) -> GenRunner:
+    """The runner of ``params`` (module docstring) over ``ctx.model``."""
+    from latencylab.gen.quant import quantize
+
+    weights = str(params.get("weights", "fp32"))
+    threads = int(params.get("threads", ctx.threads))
+    model, stats = ctx.model, {}
+    if weights != "fp32":
+        keep: list[str] = []
+        if int(params.get("keep_float", 0)):
+            keep = [name for name, _ in ctx.ranked(weights)[: int(params["keep_float"])]]
+            stats["keep_float_layers"] = keep
+        model = quantize(ctx.model, weights, keep)
+    draft = None
+    if params.get("draft"):
+        from latencylab.gen.drafts import build_draft
+
+        draft = build_draft(str(params["draft"]), model)
+    runner = GenRunner(model, threads, ctx.clock, draft, int(params.get("k", 4)))
+    runner.stats = stats
+    return runner
+
+
+def _kv_note(model: Any) -> str:
+    cfg = model.config
+    layers = int(getattr(cfg, "num_hidden_layers", 0))
+    kv = int(getattr(cfg, "num_key_value_heads", 0) or getattr(cfg, "num_attention_heads", 0))
+    head = int(getattr(cfg, "head_dim", 0) or cfg.hidden_size // max(1, int(cfg.num_attention_heads)))
+    per_pos = layers * 2 * kv * head * 4
+    weights = sum(p.numel() for p in model.parameters()) * 4
+    return f"{per_pos / 1024:.0f} KiB per position, {100 * 256 * per_pos / weights:.1f}% of the weight bytes at 256"
+
+
+def candidates(ctx: GenContext, more_threads: int | None = None) -> list[GenCandidate]:
+    """The family, the FP32 baseline first. ``more_threads``: one FP32 candidate at that thread count
+    (default: 2 when the baseline has 1 and the machine has 2 cores or more)."""
+    import importlib.util
+
+    t = ctx.threads
+    if more_threads is None:
+        more_threads = 2 if t == 1 and (os.cpu_count() or 1) >= 2 else None
+    k_mixed = max(1, len(_linears(ctx.model)) // 25)  # ~4% of the layers: 8 of SmolLM2-135M's 211
+    out = [
+        GenCandidate("fp32", "fp32", {"weights": "fp32", "threads": t}, "FP32 eager, plain greedy decoding (baseline)"),
+        GenCandidate("int8-dynamic", "int8-dynamic", {"weights": "dynamic", "threads": t},
+                     "torch dynamic INT8 of every Linear, torch defaults (one weight scale per tensor)"),
+        GenCandidate("int8-dynamic-perchannel", "int8-dynamic", {"weights": "dynamic-perchannel", "threads": t},
+                     "torch dynamic INT8 of every Linear, one weight scale per output channel"),
+        GenCandidate(f"int8-dynamic-perchannel-keep{k_mixed}", "int8-mixed",
+                     {"weights": "dynamic-perchannel", "keep_float": k_mixed, "threads": t},
+                     f"per-channel dynamic INT8, the {k_mixed} Linear layers most harmed (local output error on "
+                     "calibration text) kept FP32"),
+        GenCandidate("int8-weight", "int8-weight", {"weights": "weight", "threads": t},
+                     "weight-only INT8 per output channel, FP32 activations (torch._weight_int8pack_mm)"),
+        GenCandidate("spec-lookup-k4", "speculative", {"weights": "fp32", "threads": t, "draft": "lookup", "k": 4},
+                     "greedy speculative decoding of the FP32 model, prompt-lookup draft (n-grams of the context), "
+                     "k=4", exact=True),
+        GenCandidate("spec-int8-k3", "speculative", {"weights": "fp32", "threads": t, "draft": "int8", "k": 3},
+                     "greedy speculative decoding of the FP32 model, draft: its dynamic INT8 copy, k=3", exact=True),
+    ]  # fmt: skip
+    if more_threads and more_threads != t:
+        out.append(GenCandidate(f"fp32-t{more_threads}", "threads", {"weights": "fp32", "threads": more_threads},
+                                f"FP32 eager at {more_threads} threads (the baseline has {t})"))  # fmt: skip
+    out.append(GenCandidate("compile-decode", "compile", {"compile": "decode-step"},
+        "torch.compile of the decode step",
+        skip="not built for the gen workload yet: the decode step's input grows by one position a step (the "
+        "DynamicCache), so a compiled step needs dynamic shapes or a static cache; its compile takes minutes of "
+        "this 2-core machine (the encoder search's torch-compile family covers fixed shapes)"))  # fmt: skip
+    quanto = any(importlib.util.find_spec(m) is not None for m in ("optimum", "hqq"))  # optimum.quanto's parent
+    out.append(GenCandidate("kv-int8", "kv-dtype", {"kv_dtype": "int8"}, "INT8 KV cache",
+        skip=f"not built: transformers' quantised cache needs optimum-quanto or HQQ (installed: "
+        f"{'yes' if quanto else 'no'}); and the FP32 cache is small here ({_kv_note(ctx.model)}), so a decode step, "
+        "which reads every weight, would barely change"))  # fmt: skip
+    return out
+
+
+def _linears(model: Any) -> list[str]:
+    from latencylab.gen.quant import linear_names
+
+    return linear_names(model)
+
+
+def from_params(name: str, family: str, params: Mapping[str, Any], exact: bool) -> GenCandidate:
+    """A recipe's candidate again (its params rebuild it through :func:`build`)."""
+    if "compile" in params or "kv_dtype" in params:
+        raise LatencyLabError(f"{name}: a recipe of a candidate that was never built")
+    return GenCandidate(name, family, dict(params), "from the recipe", exact)
