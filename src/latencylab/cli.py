@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_otlp_argument(sv)
 
     op = sub.add_parser("optimize", help="search optimisation variants; keep the fastest inside the accuracy budget")
-    op.add_argument("--workload", default="text", choices=["text", "vision"])
+    op.add_argument("--workload", default="text", choices=["text", "vision", "gen"])
     op.add_argument(
         "--model", help="optimize a user's ONNX file or Hugging Face model directory instead (ONNX Runtime candidates)"
     )
@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--time-budget", type=positive_float, default=600.0, help="seconds; later candidates skip")
     op.add_argument("--families", default="torch,onnxruntime", help="candidate families to try")
     op.add_argument("--only", help="comma-separated candidate names (besides the baseline)")
-    op.add_argument("--rounds", type=positive_int, default=10, help="interleaved timing rounds")
+    op.add_argument("--rounds", type=positive_int, default=None, help="interleaved timing rounds (10; gen: 2)")
+    op.add_argument("--quick", action="store_true", help="gen: a small search (2 prompts, 8 tokens, 1 round) for tests")
     op.add_argument(
         "--seq-len", type=int, default=128,
         help="text: the length of padding=max_length and of the passages input set (0 = no passages); "

@@ -79,6 +79,14 @@ def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
     # what can be refused is refused now, not after a search of many minutes
     if args.json:
         check_writable(args.json, "--json", is_dir=False)
+    from latencylab.optimize.gen_lab import is_gen_recipe, run_gen_command
+
+    if (args.recipe and is_gen_recipe(args.recipe)) or (not args.recipe and args.workload == "gen"):
+        if args.recipe and args.out:
+            raise LatencyLabError("--out does not apply with --recipe (it re-measures the recipe's variant)")
+        return run_gen_command(args, console)  # the generative search: its own candidates, budget and table
+    if args.rounds is None:
+        args.rounds = 10
     if args.recipe and args.out:
         raise LatencyLabError("--out does not apply with --recipe (it re-measures the recipe's variant)")
     if args.force and not args.recipe:
