@@ -41,7 +41,11 @@ from latencylab.optimize.types import BuildContext, Candidate
 from latencylab.results import kind_version
 from latencylab.results.base import utc_now
 
-FAMILIES = {"torch": "latencylab.optimize.families.torch", "onnxruntime": "latencylab.optimize.families.onnxruntime"}
+FAMILIES = {
+    "torch": "latencylab.optimize.families.torch",
+    "onnxruntime": "latencylab.optimize.families.onnxruntime",
+    "openvino": "latencylab.optimize.families.openvino",  # opt-in (--families): pip install 'latencylab[openvino]'
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +327,7 @@ def _twins(recipe: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _family_of(backend: str) -> str:
-    return "onnxruntime" if backend == "onnxruntime" else "torch"
+    return backend if backend in FAMILIES else "torch"  # torch-compile etc. are the torch family's
 
 
 def _set_threads(n: int) -> None:

@@ -20,6 +20,9 @@ def export(ctx: BuildContext, cand: Candidate, out_dir: Path) -> Path:
     """Write the chosen variant's artifact: its ONNX file, or TorchScript for torch variants."""
     runner = cand.build(ctx)
     out_dir.mkdir(parents=True, exist_ok=True)
+    save = getattr(runner, "export_artifact", None)  # a runtime with its own format (OpenVINO IR) writes it
+    if callable(save):
+        return Path(save(out_dir))
     path = getattr(runner, "model_path", None)
     if path is not None:
         dst = out_dir / "model.onnx"
@@ -63,7 +66,8 @@ def check_writable(path: str | Path, what: str, is_dir: bool) -> None:
         raise LatencyLabError(f"{what} {path} cannot be created: {parent} is not writable")
 
 
-OUT_FILES = ("model.onnx", "model.pt", "recipe.json", "optimize.json")  # what run_lab writes into --out
+# what run_lab writes into --out (model.xml + model.bin: an OpenVINO IR)
+OUT_FILES = ("model.onnx", "model.pt", "model.xml", "model.bin", "recipe.json", "optimize.json")
 RUNGS_DIR = "rungs"  # and rungs/<candidate>.onnx
 
 
