@@ -197,7 +197,13 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def check_interface(path: Path, workload: str) -> None:
-    """Raise a LatencyLabError unless the ONNX file at ``path`` has the workload's serving interface."""
+    """Raise a LatencyLabError unless the ONNX file (or OpenVINO IR) at ``path`` has the workload's serving
+    interface."""
+    if Path(path).suffix == ".xml":  # an OpenVINO IR (serve/ov_runner.py)
+        from latencylab.serve.ov_runner import OvModel, check_ov_interface
+
+        check_ov_interface(OvModel(Path(path)), workload)
+        return
     from latencylab.serve.ort_text import ort_session
 
     session = ort_session(path, 1, graph="disabled")  # fast: the interface only
@@ -256,9 +262,9 @@ def _plan(root: Path, recipe: dict[str, Any]) -> Plan:
     artifact = recipe.get("artifact")
     if not chosen or not artifact:
         raise LatencyLabError(f"{where}: the search exported no artifact for its choice {chosen or '(none)'}")
-    if not str(artifact).endswith(".onnx"):
+    if not str(artifact).endswith((".onnx", ".xml")):
         raise LatencyLabError(
-            f"{where}: the choice {chosen} is {artifact}, not ONNX: only ONNX artifacts can be served "
+            f"{where}: the choice {chosen} is {artifact}, not ONNX or OpenVINO IR: only those can be served "
             "(optimize with --families onnxruntime to choose among ONNX Runtime candidates)"
         )
     if not (root / artifact).is_file():
@@ -379,7 +385,18 @@ def plan_variants(plan: Plan, names: Sequence[str], max_batch_size: int, device:
         path = plan.source / r.artifact
         desc = f"{r.candidate} from {plan.source} ({r.role} rung of the search's ladder)"
         v: Any
-        if plan.workload == "text":
+        if r.artifact.endswith(".xml"):  # an OpenVINO IR: served by OpenVINO, as the search measured it
+            import torch
+
+            from latencylab.serve.ov_runner import OvTextVariant, OvVisionVariant
+
+            if plan.workload == "text":
+                v = OvTextVariant(r.candidate, r.role, tok, path, threads=torch.get_num_threads(),
+                                  max_batch_size=max_batch_size, description=desc)  # fmt: skip
+            else:
+                v = OvVisionVariant(r.candidate, r.role, path, threads=torch.get_num_threads(),
+                                    max_batch_size=max_batch_size, description=desc)  # fmt: skip
+        elif plan.workload == "text":
             v = ort_text_variant(
                 r.candidate,
                 r.role,
