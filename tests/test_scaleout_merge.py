@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,8 @@ from latencylab.load.generator import LATE_NS, LoadConfig, Records, RunStats
 from latencylab.load.results import Slo, new_histogram, summarize_run
 from latencylab.scaleout.load_ray import LoadWorker
 from latencylab.scaleout.merge import (
+    RECORD_FIELDS,
+    PartFold,
     completed,
     merge_summary,
     merged_histograms,
@@ -177,3 +181,50 @@ def test_part_needs_matching_layouts() -> None:
     assert part.histogram("corrected_ok").layout == new_histogram().layout
     with pytest.raises(KeyError):
         part.histogram("nope")
+
+
+def _chunks(rec: Records, sizes: list[int]) -> list[dict[str, np.ndarray]]:
+    """``rec`` cut into polls of completed requests (in completion order, as a worker ships them)."""
+    order = np.argsort(rec.done_ns, kind="stable")
+    out, at = [], 0
+    for k in sizes:
+        sel = order[at : at + k]
+        out.append({f: getattr(rec, f)[sel] for f in RECORD_FIELDS})
+        at += k
+    return out
+
+
+def test_folding_polls_as_they_arrive_equals_one_part_of_all_their_requests() -> None:
+    rec = _records(3, 3000, late_share=0.02)
+    fold = PartFold(1, "node1", SLO.threshold_ns)
+    for chunk in _chunks(rec, [1, 0, 700, 299, 1500, 500]):
+        fold.add(chunk)
+    got = fold.part()
+    whole = part_from_records(1, "node1", _all_fields(rec), SLO.threshold_ns, partial=True)
+    assert got.histograms == whole.histograms  # the same HDR encodings, byte for byte
+    assert got.counts == whole.counts and got.late == whole.late
+    assert (got.slo_over, got.slo_good) == (whole.slo_over, whole.slo_good)
+    assert got.timeline == whole.timeline
+    assert fold.folded == rec.n
+    assert PartFold(2, "n", None).part().counts["sent"] == 0  # nothing shipped: an empty partial part
+
+
+def test_the_drivers_fold_holds_histograms_not_requests() -> None:
+    # the same 5 s of intended time polled twice over: twice the requests, and the fold's state does not grow
+    rec = _records(1, 100_000)
+    fold = PartFold(0, "node0", SLO.threshold_ns)
+    sizes = []
+    for _ in range(2):
+        for chunk in _chunks(rec, [rec.n // 20] * 20):
+            fold.add(chunk)
+        state = [*vars(fold).values(), *[v for r in fold.rows for v in r.values()]]
+        assert not any(isinstance(v, np.ndarray) for v in state)  # no raw request is kept
+        sizes.append(len(pickle.dumps(fold.part())))  # the fold's content, in its wire form
+    assert fold.folded == 2 * rec.n and fold.part().counts["sent"] == 2 * rec.n
+    raw = sum(getattr(rec, f).nbytes for f in RECORD_FIELDS)
+    assert sizes[0] < raw / 5  # 100k requests' raw arrays are ~2.8 MB; the fold is a few histograms
+    assert sizes[1] < 1.1 * sizes[0]  # 2x the requests: the same buckets, larger counts
+
+
+def _all_fields(rec: Records) -> Records:
+    return Records(rec.intended_ns, rec.sent_ns, rec.done_ns, rec.outcome, rec.status, rec.payload, {}, [])

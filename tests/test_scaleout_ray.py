@@ -1,26 +1,36 @@
-"""Distributed load on a local 2-node Ray cluster started here (slow tier): the merged result is lossless and
-one-host-shaped, and a worker killed mid-run is reported with its samples up to the failure kept."""
+"""Distributed load on a local 2-node Ray cluster started here (slow tier, serial: Ray's processes take the
+cores): the merged result is lossless and one-host-shaped, a worker killed mid-run is reported with its samples
+up to the failure kept, one worker's early stop stops the others, and ``--find-capacity --ray`` runs end to end."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("ray")
 
+from latencylab.cli import main
 from latencylab.load.arrivals import Poisson
+from latencylab.load.early_stop import Progress
 from latencylab.load.generator import LoadConfig
 from latencylab.load.payloads import fetch_metadata, infer_path, payloads_for_model
 from latencylab.load.results import LoadResult, Slo, new_histogram
 from latencylab.scaleout.load_ray import LoadCluster
 from servers import reference_server
 
-pytestmark = pytest.mark.slow
+try:  # serial once the suite registers the marker (tests/conftest.py, the lead's re-tiering); slow until then
+    SERIAL = pytest.mark.serial
+except pytest.fail.Exception:
+    SERIAL = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERIAL]
 PATH = infer_path("reference")
 QS = [0.0, 0.1, 0.5, 0.9, 0.99, 0.999, 1.0]
 
@@ -30,8 +40,9 @@ def cluster() -> Iterator[tuple[LoadCluster, str, list]]:  # type: ignore[type-a
     import ray
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    c.add_node(num_cpus=1)
+    # 2 Ray CPUs a node: the module's 2 workers take one on each, the CLI's capacity search the other two
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    c.add_node(num_cpus=2)
     ray.init(address=c.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         with reference_server("--service", "constant(2ms)") as url:
@@ -95,6 +106,44 @@ def test_a_killed_worker_is_reported_with_its_samples_and_the_run_invalid(cluste
 def test_more_workers_than_free_cpus_is_a_one_line_error(cluster) -> None:  # type: ignore[no-untyped-def]
     from latencylab.errors import LatencyLabError
 
-    # the module's two workers hold both CPUs of the cluster: a third cannot be placed
-    with pytest.raises(LatencyLabError, match="could not place 1 load workers"):
-        LoadCluster(1, place_timeout_s=2.0).open()
+    # the module's two workers hold 2 of the cluster's 4 CPUs: 3 more cannot be placed
+    with pytest.raises(LatencyLabError, match="could not place 3 load workers"):
+        LoadCluster(3, place_timeout_s=2.0).open()
+
+
+def test_one_workers_early_stop_stops_the_others(cluster) -> None:  # type: ignore[no-untyped-def]
+    lc, url, payloads = cluster
+    victim = lc.pids()[1]
+
+    def planted(p: Progress) -> str:  # only worker 1's rule fires, 1 s in (pickled by value to the actors)
+        return "planted stop" if os.getpid() == victim and p.elapsed_s >= 1.0 else ""
+
+    run = lc.run(url, PATH, payloads, Poisson(100.0, seed=7), LoadConfig(duration_s=8.0), abort_when=planted)
+    s = run.result.summary
+    assert s["distributed"]["stopped_by"] == 1 and s["stopped_early"] == "worker 1: planted stop"
+    assert run.parts[1].summary is not None and run.parts[1].summary["stopped_early"] == "planted stop"
+    assert run.parts[0].summary is not None
+    assert run.parts[0].summary["stopped_early"] == "worker 1 stopped early (planted stop)"
+    w0 = s["workers"][0]
+    # worker 0 alone would send ~400 (50/s for 8 s); stopped by the driver's next poll (0.5 s) it sends ~60-100
+    assert 0 < w0["sent"] < 0.6 * 400
+    assert s["sent"] == s["ok"] + s["shed"] + s["error"]
+
+
+def test_cli_find_capacity_on_ray_workers(cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    # One server worker, 10 ms a request: capacity 100/s at most. A coarse search (precision 0.5, 2 chunks of
+    # 1.5 s a step), each step from 2 Ray workers on the module's cluster (ray is initialised in this process).
+    caplog.set_level(logging.INFO, logger="latencylab.scaleout")
+    out = tmp_path / "c.json"
+    with reference_server("--service", "constant(10ms)", "--serial") as url:
+        rc = main(["load", "--url", url, "--model", "reference", "--find-capacity", "--slo", "p99=60ms",
+                   "--start-rate", "30", "--step-duration", "1.5", "--warmup", "0.3", "--max-chunks", "2",
+                   "--precision", "0.5", "--ray", "--workers", "2", "--json", str(out)])  # fmt: skip
+    assert rc == 0
+    assert any("2 load workers on" in r.getMessage() for r in caplog.records)  # the steps ran on the actors
+    cap = json.loads(out.read_text())["capacity"]
+    failed = [st["why"] for st in cap["steps"] if not st["passed"]]
+    if (cap["capacity_rate"] or 0) < 5 and all("fell behind" in why for why in failed):
+        pytest.skip(f"every failing step was a generator falling behind (a busy machine): {failed[0]}")
+    assert 5 <= cap["capacity_rate"] <= 100
+    assert any(not st["passed"] for st in cap["steps"]) and any(st["passed"] for st in cap["steps"])

@@ -9,7 +9,10 @@ The driver (:class:`LoadCluster`):
    that instant on its own clock; each worker sends its first request at it (``generate``'s ``start_at_ns``)
    and runs the same duration, so they stop together too;
 5. while they run, polls each worker every ``poll_s`` for the requests completed since the last poll
-   (raw arrays of the new ones only), so a worker that dies leaves everything it finished by its last poll;
+   (raw arrays of the new ones only) and folds them into that worker's running histograms and counters at
+   once (``merge.PartFold``: the driver holds no raw request), so a worker that dies leaves everything it
+   finished by its last poll; a worker whose abort rule stops it early (``--early-stop``) says so in its
+   poll, and the driver stops the others (``LoadWorker.stop``), so the run ends together;
 6. merges the workers' final parts (``merge.merge_summary``: HDR histograms, counts, lateness) into one
    result shaped like a one-host run, with ``summary["workers"]`` (per worker) and
    ``summary["distributed"]`` (offsets, start errors, failures). The run is invalid when any worker fell
@@ -22,21 +25,24 @@ Each worker's latencies are intervals on its own ``perf_counter_ns``; clock offs
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from latencylab.errors import LatencyLabError
 from latencylab.load.arrivals import ArrivalProcess
+from latencylab.load.early_stop import Progress
 from latencylab.load.generator import AbortFn, LoadConfig, Payload, Records, run_load, wall_offset_ns
 from latencylab.load.results import LoadResult, Slo, summarize_run
 from latencylab.scaleout.merge import (
     RECORD_FIELDS,
+    PartFold,
     WorkerPart,
     merge_summary,
     merged_records,
@@ -48,6 +54,7 @@ from latencylab.scaleout.skew import ClockOffset, measure_offset, start_error_ns
 from latencylab.scaleout.split import Interleaved, split_arrivals, split_count, stream_seed
 
 INSTALL_HINT = "distributed load needs Ray: pip install 'latencylab[ray]'"
+log = logging.getLogger("latencylab.scaleout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,8 @@ class LoadWorker:
         self._shipped: set[int] = set()  # completed and shipped at or after the cursor
         self._lock = threading.Lock()
         self.start_unix_ns = 0
+        self._stop = ""  # set by the driver: another worker stopped early
+        self._stopped = ""  # why this worker's run stopped sending early ("" while it has not)
 
     def node(self) -> str:
         """The host (and Ray node id, in a cluster) this worker runs on."""
@@ -114,15 +123,24 @@ class LoadWorker:
         offset = wall_offset_ns()  # unix ns - perf_counter_ns, on this host
         start_perf = spec.start_unix_ns - offset
 
+        self._stop = self._stopped = ""
+
         def live(read: Callable[[int], Records]) -> None:
             # called right after the generator fixed its start: the later of the asked instant and 20 ms out
             self.start_unix_ns = max(start_perf, time.perf_counter_ns() + 20_000_000) + offset
             with self._lock:  # a new run: nothing of it shipped yet
                 self._read, self._cursor, self._shipped = read, 0, set()
 
+        def abort(progress: Progress) -> str:
+            # the driver's stop (another worker stopped early) or this worker's own rule, whichever comes first
+            reason = self._stop or (spec.abort_when(progress) if spec.abort_when is not None else "")
+            if reason:
+                self._stopped = reason
+            return reason
+
         rec, stats = run_load(
             spec.url, spec.path, spec.payloads, spec.arrivals, spec.cfg, spec.seed, None,
-            spec.slo.threshold_ns if spec.slo else None, spec.abort_when, None, start_perf, live,
+            spec.slo.threshold_ns if spec.slo else None, abort, None, start_perf, live,
         )  # fmt: skip
         with self._lock:
             self._read = None
@@ -135,9 +153,15 @@ class LoadWorker:
             summary, stats, keep_records=spec.keep_records,
         )  # fmt: skip
 
-    def snapshot(self) -> dict[str, np.ndarray] | None:
-        """The requests completed since the last snapshot, as raw arrays (``merge.RECORD_FIELDS``); None
-        before the run starts. Cost: the in-flight window and the new completions, not the whole run."""
+    def stop(self, reason: str) -> None:
+        """Stop sending (the run drains what is in flight and returns): another worker stopped early. Seen by
+        the generator's next look at its abort rule (every 50 ms)."""
+        self._stop = reason
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The requests completed since the last snapshot, as raw arrays (``merge.RECORD_FIELDS``), and
+        ``stopped``: why this worker stopped sending early ("" while it has not); None before the run starts.
+        Cost: the in-flight window and the new completions, not the whole run."""
         with self._lock:
             read = self._read
             if read is None:
@@ -154,21 +178,9 @@ class LoadWorker:
             self._shipped = {r for r in self._shipped if r >= self._cursor + advance}
             sel = new - self._cursor
             self._cursor += advance
-            return {f: getattr(rec, f)[:n][sel] for f in RECORD_FIELDS}
-
-
-@dataclass(slots=True)
-class _Partial:
-    """The driver's running copy of one worker's shipped requests (kept until its final part arrives)."""
-
-    chunks: list[dict[str, np.ndarray]] = field(default_factory=list)
-
-    def records(self) -> Records:
-        cols = {f: np.concatenate([np.asarray(c[f], dtype=np.int64) for c in self.chunks]) for f in RECORD_FIELDS}
-        return Records(
-            cols["intended_ns"], cols["sent_ns"], cols["done_ns"], cols["outcome"].astype(np.int8),
-            cols["status"].astype(np.int16), cols["payload"].astype(np.int32), {}, [],
-        )  # fmt: skip
+            out: dict[str, Any] = {f: getattr(rec, f)[:n][sel] for f in RECORD_FIELDS}
+            out["stopped"] = self._stopped
+            return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +252,7 @@ class LoadCluster:
                 "the cluster has fewer free CPUs than --workers"
             ) from None
         self._pin()
+        log.info("%d load workers on %s", self.n, ", ".join(self.nodes))
 
     def _pin(self) -> None:
         if self.pin_cores:
@@ -322,16 +335,9 @@ class LoadCluster:
             spec = WorkerSpec(url, path, payloads, stream, wcfg, wseed, at, slo, confidence, abort_when, keep_records)
             specs.append(spec)
         refs = {i: a.run.remote(specs[i]) for i, a in enumerate(self.actors)}
-        finals, failures, partials = self._wait(refs, on_poll)
-        parts: list[WorkerPart] = []
-        for i in range(self.n):
-            if i in finals:
-                parts.append(finals[i])
-            else:
-                rec = partials[i].records() if partials[i].chunks else _empty_records()
-                parts.append(
-                    part_from_records(i, self.nodes[i], rec, slo.threshold_ns if slo else None, 0, partial=True)
-                )
+        folds = {i: PartFold(i, self.nodes[i], slo.threshold_ns if slo else None) for i in refs}
+        finals, failures, first_stop = self._wait(refs, folds, on_poll)
+        parts = [finals[i] if i in finals else folds[i].part() for i in range(self.n)]
         rows = []
         for p, off in zip(parts, offsets, strict=True):
             err = start_error_ns(off, p.start_unix_ns, start) if p.start_unix_ns else None
@@ -343,6 +349,8 @@ class LoadCluster:
             rows.append({**worker_row(p, failures.get(p.index, "")), **extra})
         target_rate = arrivals.mean_rate() if arrivals is not None and cfg.mode == "open" else None
         summary, hists = merge_summary(parts, cfg, target_rate, slo, confidence, failures)
+        if first_stop is not None:  # the worker whose rule stopped the run, not those it stopped
+            summary["stopped_early"] = f"worker {first_stop[0]}: {first_stop[1]}"
         errors = [r["start_error_ms"] for r in rows if r["start_error_ms"] is not None]
         summary["workers"] = rows
         summary["distributed"] = {
@@ -355,6 +363,7 @@ class LoadCluster:
             "start_spread_ms": (max(errors) - min(errors)) if errors else None,
             "clock_uncertainty_max_ms": max(off.uncertainty_ns for off in offsets) / 1e6,
             "failed_workers": sorted(failures),
+            "stopped_by": None if first_stop is None else first_stop[0],
         }
         config = asdict(cfg)
         config.update({"seed": seed, "payloads": len(payloads), "workers": self.n})
@@ -381,19 +390,22 @@ class LoadCluster:
             return False
 
     def _wait(
-        self, refs: dict[int, Any], on_poll: Callable[[int, int], None] | None
-    ) -> tuple[dict[int, WorkerPart], dict[int, str], dict[int, _Partial]]:
-        """Poll until every worker has answered or failed; keep what each shipped meanwhile."""
+        self, refs: dict[int, Any], folds: dict[int, PartFold], on_poll: Callable[[int, int], None] | None
+    ) -> tuple[dict[int, WorkerPart], dict[int, str], tuple[int, str] | None]:
+        """Poll until every worker has answered or failed, folding what each ships meanwhile into ``folds``;
+        the first worker to stop early stops the others. Returns the final parts, the failures, and (worker,
+        reason) of the first early stop (None: no worker stopped early)."""
         ray = self._ray
         finals: dict[int, WorkerPart] = {}
         failures: dict[int, str] = {}
-        partials = {i: _Partial() for i in refs}
         pending = dict(refs)
         t0 = time.monotonic()
         polls = 0
+        first_stop: tuple[int, str] | None = None
         while pending:
             by_ref = {ref: i for i, ref in pending.items()}
             ready, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=self.poll_s)
+            stops: list[tuple[int, str]] = []
             for ref in ready:
                 i = by_ref[ref]
                 del pending[i]
@@ -402,6 +414,10 @@ class LoadCluster:
                 except Exception as exc:  # the actor died (RayActorError) or its run raised (RayTaskError)
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     failures[i] = f"{type(exc).__name__} after {time.monotonic() - t0:.1f} s: {first[:200]}"
+                    continue
+                why = (finals[i].summary or {}).get("stopped_early")
+                if why:
+                    stops.append((i, str(why)))
             snaps = {i: self.actors[i].snapshot.remote() for i in pending}
             if snaps:
                 by_snap = {ref: i for i, ref in snaps.items()}
@@ -412,15 +428,17 @@ class LoadCluster:
                     except Exception:  # a dead worker shows in its run's answer
                         continue
                     if chunk:
-                        partials[by_snap[ref]].chunks.append(chunk)
+                        folds[by_snap[ref]].add(chunk)  # folded now; the raw arrays are dropped here
+                        if chunk.get("stopped"):
+                            stops.append((by_snap[ref], str(chunk["stopped"])))
+            if first_stop is None and stops:
+                first_stop = min(stops)
+                why = f"worker {first_stop[0]} stopped early ({first_stop[1]})"
+                for i in pending:
+                    if i != first_stop[0]:
+                        with contextlib.suppress(Exception):  # a dead worker shows in its run's answer
+                            self.actors[i].stop.remote(why)
             polls += 1
             if on_poll is not None:
-                on_poll(polls, sum(sum(len(c["outcome"]) for c in p.chunks) for p in partials.values()))
-        for i in finals:
-            partials[i].chunks.clear()  # the final part supersedes what was shipped
-        return finals, failures, partials
-
-
-def _empty_records() -> Records:
-    z = np.zeros(0, dtype=np.int64)
-    return Records(z, z, z, z.astype(np.int8), z.astype(np.int16), z.astype(np.int32), {}, [])
+                on_poll(polls, sum(f.folded for f in folds.values()))
+        return finals, failures, first_stop

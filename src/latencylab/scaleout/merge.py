@@ -120,6 +120,72 @@ def part_from_records(
     )  # fmt: skip
 
 
+class PartFold:
+    """The driver's running part of one worker: each polled chunk of raw requests folded into histograms and
+    counters as it arrives, then dropped. Memory: the histograms (fixed size) and one timeline row per second
+    of the run, whatever the number of requests. ``part()`` equals ``part_from_records`` of all the chunks at
+    once (histograms merge losslessly, counts add, timeline rows merge by second)."""
+
+    def __init__(self, index: int, node: str, slo_ns: float | None = None) -> None:
+        self.index, self.node, self.slo_ns = index, node, slo_ns
+        self.hists: dict[str, LatencyHistogram] = {}
+        self.counts: dict[str, int] = {}
+        self.late = 0
+        self.slo_over = 0
+        self.slo_good = 0
+        self.rows: list[dict[str, Any]] = []  # per second: counts + the corrected_ok histogram (not its dict)
+        self.folded = 0  # requests folded in
+
+    def add(self, chunk: Mapping[str, Any]) -> None:
+        """Fold one chunk (``RECORD_FIELDS`` arrays of completed requests; other keys are ignored)."""
+        cols = [np.asarray(chunk[f]) for f in RECORD_FIELDS]
+        n = int(cols[3].size)
+        if n == 0:
+            return
+        rec = Records(
+            cols[0].astype(np.int64), cols[1].astype(np.int64), cols[2].astype(np.int64), cols[3].astype(np.int8),
+            cols[4].astype(np.int16), cols[5].astype(np.int32), {}, [],
+        )  # fmt: skip
+        part = part_from_records(self.index, self.node, rec, self.slo_ns)
+        for name, d in part.histograms.items():
+            h = LatencyHistogram.from_dict(dict(d))
+            if name in self.hists:
+                self.hists[name].merge(h)
+            else:
+                self.hists[name] = h
+        for k, v in part.counts.items():
+            self.counts[k] = self.counts.get(k, 0) + int(v)
+        self.late += part.late
+        self.slo_over += int(part.slo_over or 0)
+        self.slo_good += int(part.slo_good or 0)
+        for b, row in enumerate(part.timeline):
+            if b == len(self.rows):
+                self.rows.append({**row, "corrected_ok": LatencyHistogram.from_dict(dict(row["corrected_ok"]))})
+                continue
+            mine = self.rows[b]
+            for k in ("sent", "ok", "shed", "error"):
+                mine[k] += int(row[k])
+            mine["corrected_ok"].merge(LatencyHistogram.from_dict(dict(row["corrected_ok"])))
+        self.folded += n
+
+    def part(self) -> WorkerPart:
+        """The fold so far as a snapshot part (``partial``)."""
+        if not self.folded:
+            return part_from_records(self.index, self.node, _no_records(), self.slo_ns, partial=True)
+        timeline = tuple({**r, "corrected_ok": r["corrected_ok"].to_dict()} for r in self.rows)
+        slo = self.slo_ns is not None
+        return WorkerPart(
+            index=self.index, node=self.node, histograms={k: h.to_dict() for k, h in self.hists.items()},
+            counts=dict(self.counts), late=self.late, errors_by_reason={}, timeline=timeline,
+            slo_over=self.slo_over if slo else None, slo_good=self.slo_good if slo else None, partial=True,
+        )  # fmt: skip
+
+
+def _no_records() -> Records:
+    z = np.zeros(0, dtype=np.int64)
+    return Records(z, z, z, z.astype(np.int8), z.astype(np.int16), z.astype(np.int32), {}, [])
+
+
 def _run_dict(run: RunStats) -> dict[str, Any]:
     return {f: getattr(run, f) for f in RunStats.__dataclass_fields__}
 
