@@ -217,7 +217,7 @@ def test_the_drivers_fold_holds_histograms_not_requests() -> None:
     for _ in range(2):
         for chunk in _chunks(rec, [rec.n // 20] * 20):
             fold.add(chunk)
-        state = [*vars(fold).values(), *[v for r in fold.rows for v in r.values()]]
+        state = [*vars(fold).values(), *[v for r in fold.rows.values() for v in r.values()]]
         assert not any(isinstance(v, np.ndarray) for v in state)  # no raw request is kept
         sizes.append(len(pickle.dumps(fold.part())))  # the fold's content, in its wire form
     assert fold.folded == 2 * rec.n and fold.part().counts["sent"] == 2 * rec.n

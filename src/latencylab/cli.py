@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="write the SLO guard's ladder over time (JSON for `latencylab report`), every 30 s and on shutdown",
     )
+    from latencylab.cliargs import add_serve_ray_arguments
+
+    add_serve_ray_arguments(sv)
     add_otlp_argument(sv)
 
     op = sub.add_parser("optimize", help="search optimisation variants; keep the fastest inside the accuracy budget")
@@ -284,6 +287,10 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if getattr(args, "ray", None) is not None or getattr(args, "replicas", None) is not None:
+        from latencylab.scaleout.cli import run_serve_ray  # --ray: Ray Serve replicas (latencylab.scaleout)
+
+        return run_serve_ray(args)
     from latencylab.serve.frontend import run_serve_command
 
     return run_serve_command(args)

@@ -95,3 +95,17 @@ def add_otlp_argument(parser: argparse.ArgumentParser) -> None:
         help="export an OpenTelemetry span per request (with its stages as children) over OTLP/HTTP to URL, "
         "e.g. http://127.0.0.1:4318/v1/traces (default: no tracing)",
     )  # fmt: skip
+
+
+def add_serve_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """``serve --ray [ADDRESS] --replicas N``: the model service in N Ray Serve replicas (latencylab.scaleout)."""
+    parser.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="serve from Ray Serve replicas behind Ray Serve's HTTP proxy (pip install 'latencylab[ray]'): ADDRESS "
+        "of a running cluster, or none for RAY_ADDRESS / a local Ray instance",
+    )  # fmt: skip
+    parser.add_argument(
+        "--replicas", type=positive_int, default=None,
+        help="with --ray: N replicas, each with the whole service (batcher, admission, guard, ladder, cache) and "
+        "--threads (default 1) Ray CPUs (default 2)",
+    )  # fmt: skip

@@ -1,7 +1,12 @@
-"""``latencylab load --ray [ADDRESS] --workers N``: the cluster from the options, and the per-worker table."""
+"""``latencylab load --ray [ADDRESS] --workers N``: the cluster from the options, and the per-worker table;
+``latencylab serve --ray [ADDRESS] --replicas N``: the deployment from the serve options."""
 
 from __future__ import annotations
 
+import argparse
+import signal
+import sys
+import threading
 from typing import Any
 
 from rich.console import Console
@@ -52,3 +57,39 @@ def render_workers(result: LoadResult, console: Console) -> None:
             f"+/-{d.get('clock_uncertainty_max_ms', 0):.3f} ms; failed: {d.get('failed_workers') or 'none'}"
         )
     )
+
+
+DEFAULT_REPLICAS = 2
+
+
+def run_serve_ray(args: argparse.Namespace) -> int:
+    """``latencylab serve --ray [ADDRESS] --replicas N``: deploy, print the endpoint, serve until SIGINT/SIGTERM,
+    then delete the deployment (latencylab.scaleout.serve_ray)."""
+    if args.ray is None:
+        raise LatencyLabError("--replicas needs --ray [ADDRESS]")
+    if getattr(args, "model", None) == "gen":
+        raise LatencyLabError("--ray serves the OIP models (text, vision, --config, --from); not --model gen yet")
+    if getattr(args, "timeline", None):
+        raise LatencyLabError("--timeline is per process: read each replica's /metrics with --ray instead")
+    from latencylab.scaleout.serve_ray import ReplicaOptions, deploy, shutdown
+    from latencylab.serve.frontend import config_from_args
+
+    cfg = config_from_args(args)
+    if cfg.port == 0:
+        raise LatencyLabError("--port 0 is not supported with --ray: Ray Serve's proxy needs a fixed port")
+    opts = ReplicaOptions(
+        replicas=args.replicas or DEFAULT_REPLICAS, num_cpus=float(cfg.threads or 1), host=cfg.host, port=cfg.port
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    url = deploy(cfg, opts, args.ray or None)
+    try:
+        print(f"listening {url}", flush=True)
+        for m in cfg.models:
+            print(f"  model {m.name}: {opts.replicas} Ray Serve replicas, ladder {' -> '.join(m.ladder)}", flush=True)
+        stop.wait()
+    finally:
+        shutdown(opts)
+    print("server stopped", file=sys.stderr)
+    return 0

@@ -30,6 +30,7 @@ from latencylab.load.results import (
     Slo,
     explain_omission,
     histogram_of,
+    new_histogram,
     outcome_histograms,
     slo_summary,
 )
@@ -92,19 +93,7 @@ def part_from_records(
     timeline: list[dict[str, Any]] = []
     if rec.n:
         idx = rec.intended_ns // 1_000_000_000
-        for b in range(int(idx.max()) + 1):
-            m = idx == b
-            okb = m & ok
-            timeline.append(
-                {
-                    "t_s": float(b),
-                    "sent": int(m.sum()),
-                    "ok": int(okb.sum()),
-                    "shed": int((m & (rec.outcome == 1)).sum()),
-                    "error": int((m & (rec.outcome == 2)).sum()),
-                    "corrected_ok": histogram_of(corrected[okb]).to_dict(),
-                }
-            )
+        timeline = [_second(rec, corrected, idx, b) for b in range(int(idx.max()) + 1)]
     over = good = None
     if slo_ns is not None:
         over = int(((corrected > slo_ns) | ~ok).sum())
@@ -122,9 +111,10 @@ def part_from_records(
 
 class PartFold:
     """The driver's running part of one worker: each polled chunk of raw requests folded into histograms and
-    counters as it arrives, then dropped. Memory: the histograms (fixed size) and one timeline row per second
-    of the run, whatever the number of requests. ``part()`` equals ``part_from_records`` of all the chunks at
-    once (histograms merge losslessly, counts add, timeline rows merge by second)."""
+    counters as it arrives, then dropped. Memory per worker: the five outcome histograms (decoded, ~270 KB
+    each) and one encoded histogram per second of the run (a few KB: HDR's compressed form), whatever the
+    number of requests. A chunk touches only its own seconds' rows. ``part()`` equals ``part_from_records``
+    of all the chunks at once (histograms merge losslessly, counts add, rows merge by second)."""
 
     def __init__(self, index: int, node: str, slo_ns: float | None = None) -> None:
         self.index, self.node, self.slo_ns = index, node, slo_ns
@@ -133,46 +123,55 @@ class PartFold:
         self.late = 0
         self.slo_over = 0
         self.slo_good = 0
-        self.rows: list[dict[str, Any]] = []  # per second: counts + the corrected_ok histogram (not its dict)
+        self.rows: dict[int, dict[str, Any]] = {}  # second -> counts + its corrected_ok histogram, encoded
         self.folded = 0  # requests folded in
 
     def add(self, chunk: Mapping[str, Any]) -> None:
         """Fold one chunk (``RECORD_FIELDS`` arrays of completed requests; other keys are ignored)."""
         cols = [np.asarray(chunk[f]) for f in RECORD_FIELDS]
-        n = int(cols[3].size)
-        if n == 0:
+        if cols[3].size == 0:
             return
-        rec = Records(
+        rec = completed(Records(
             cols[0].astype(np.int64), cols[1].astype(np.int64), cols[2].astype(np.int64), cols[3].astype(np.int8),
             cols[4].astype(np.int16), cols[5].astype(np.int32), {}, [],
-        )  # fmt: skip
-        part = part_from_records(self.index, self.node, rec, self.slo_ns)
-        for name, d in part.histograms.items():
-            h = LatencyHistogram.from_dict(dict(d))
+        ))  # fmt: skip
+        hists, counts = outcome_histograms(rec)
+        for name, h in hists.items():
             if name in self.hists:
                 self.hists[name].merge(h)
             else:
                 self.hists[name] = h
-        for k, v in part.counts.items():
+        for k, v in counts.items():
             self.counts[k] = self.counts.get(k, 0) + int(v)
-        self.late += part.late
-        self.slo_over += int(part.slo_over or 0)
-        self.slo_good += int(part.slo_good or 0)
-        for b, row in enumerate(part.timeline):
-            if b == len(self.rows):
-                self.rows.append({**row, "corrected_ok": LatencyHistogram.from_dict(dict(row["corrected_ok"]))})
+        corrected, ok = rec.corrected(), rec.outcome == 0
+        self.late += int((rec.lateness() > LATE_NS).sum())
+        if self.slo_ns is not None:
+            self.slo_over += int(((corrected > self.slo_ns) | ~ok).sum())
+            self.slo_good += int((ok & (corrected <= self.slo_ns)).sum())
+        idx = rec.intended_ns // 1_000_000_000
+        for b in np.unique(idx).tolist():
+            row = _second(rec, corrected, idx, b)
+            mine = self.rows.get(b)
+            if mine is None:
+                self.rows[b] = row
                 continue
-            mine = self.rows[b]
             for k in ("sent", "ok", "shed", "error"):
-                mine[k] += int(row[k])
-            mine["corrected_ok"].merge(LatencyHistogram.from_dict(dict(row["corrected_ok"])))
-        self.folded += n
+                mine[k] += row[k]
+            merged = LatencyHistogram.from_dict(dict(mine["corrected_ok"]))
+            merged.merge(LatencyHistogram.from_dict(dict(row["corrected_ok"])))
+            mine["corrected_ok"] = merged.to_dict()
+        self.folded += rec.n
 
     def part(self) -> WorkerPart:
         """The fold so far as a snapshot part (``partial``)."""
         if not self.folded:
             return part_from_records(self.index, self.node, _no_records(), self.slo_ns, partial=True)
-        timeline = tuple({**r, "corrected_ok": r["corrected_ok"].to_dict()} for r in self.rows)
+        empty = new_histogram().to_dict()
+        zero = {"sent": 0, "ok": 0, "shed": 0, "error": 0}
+        timeline = tuple(
+            dict(self.rows[b]) if b in self.rows else {"t_s": float(b), **zero, "corrected_ok": empty}
+            for b in range(max(self.rows) + 1)
+        )
         slo = self.slo_ns is not None
         return WorkerPart(
             index=self.index, node=self.node, histograms={k: h.to_dict() for k, h in self.hists.items()},
@@ -184,6 +183,20 @@ class PartFold:
 def _no_records() -> Records:
     z = np.zeros(0, dtype=np.int64)
     return Records(z, z, z, z.astype(np.int8), z.astype(np.int16), z.astype(np.int32), {}, [])
+
+
+def _second(rec: Records, corrected: np.ndarray, idx: np.ndarray, b: int) -> dict[str, Any]:
+    """One timeline row: second ``b`` of intended time (``idx``: each request's second)."""
+    m = idx == b
+    okb = m & (rec.outcome == 0)
+    return {
+        "t_s": float(b),
+        "sent": int(m.sum()),
+        "ok": int(okb.sum()),
+        "shed": int((m & (rec.outcome == 1)).sum()),
+        "error": int((m & (rec.outcome == 2)).sum()),
+        "corrected_ok": histogram_of(corrected[okb]).to_dict(),
+    }
 
 
 def _run_dict(run: RunStats) -> dict[str, Any]:

@@ -1,0 +1,171 @@
+"""``serve --ray --replicas N`` on a local 2-node Ray cluster started here (slow tier, serial: Ray's processes
+take the cores): 2 Ray Serve replicas answer the OIP routes as one ``latencylab serve`` does, tritonclient works
+through Ray Serve's proxy, every replica's Prometheus histograms have the same buckets, and a replica killed
+under load loses no admitted request without an explicit error (sent = ok + shed + error).
+
+The model is the fake variant (Y = 2 X, 2 ms a batch: tests/fake_variants.py): what is tested is the service and
+its routes inside Ray Serve, not a model (the real models' outputs through the same service are tested by the
+serve tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from latencylab.load.arrivals import Poisson
+from latencylab.load.generator import LoadConfig
+from latencylab.load.payloads import fetch_metadata, infer_path, payloads_for_model
+from latencylab.load.runner import load_test
+from latencylab.scaleout.serve_ray import ReplicaOptions, deploy, handle, merge_expositions, relabel, shutdown
+from latencylab.serve.app import build_state
+from latencylab.serve.config import ModelConfig, ServerConfig
+from ports import free_port
+from servers import uvicorn_thread
+
+try:  # serial once the suite registers the marker (tests/conftest.py, the lead's re-tiering); slow until then
+    SERIAL = pytest.mark.serial
+except pytest.fail.Exception:
+    SERIAL = pytest.mark.slow
+pytestmark = [pytest.mark.slow, SERIAL]
+
+TESTS = str(Path(__file__).parent)
+CFG = ServerConfig(models=(ModelConfig(name="fake", ladder=("fp32",), factory="fake_variants:make", slo_ms=200),))
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[str, ReplicaOptions]]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    c.add_node(num_cpus=1)
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, namespace="latencylab")
+    # one CPU a replica, one CPU a node: the two replicas land on different nodes
+    opts = ReplicaOptions(replicas=2, num_cpus=1, port=free_port(), push_s=0.5,
+                          runtime_env={"env_vars": {"PYTHONPATH": TESTS}})  # fmt: skip
+    try:
+        yield deploy(CFG, opts), opts
+    finally:
+        shutdown(opts)
+        ray.shutdown()
+        c.shutdown()
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_two_replicas_answer_the_oip_routes_as_one_server(served: tuple[str, ReplicaOptions]) -> None:
+    url, opts = served
+    assert len({handle(opts).pid.remote().result() for _ in range(12)}) == 2  # two replicas, two processes
+    rng = np.random.default_rng(0)
+    bodies = [
+        {"inputs": [{"name": "X", "datatype": "FP32", "shape": [n, 4], "data": rng.normal(size=4 * n).tolist()}]}
+        for n in (1, 3, 2)
+    ]
+    bad = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1, 2]}]}
+    one = build_state(CFG, {"fake": __import__("fake_variants").make(["fp32"], 8, "cpu")})
+    with uvicorn_thread(one) as (host, port):
+        single = f"http://{host}:{port}"
+        for path in ("/v2/health/ready", "/v2", "/v2/models/fake", "/v2/models/fake/ready", "/v2/models/nope"):
+            assert _get(url + path) == _get(single + path), path
+        for body in [*bodies, bad]:
+            got, want = _post(url + "/v2/models/fake/infer", body), _post(single + "/v2/models/fake/infer", body)
+            assert got[0] == want[0]
+            if got[0] == 200:
+                assert got[1]["outputs"] == want[1]["outputs"] and got[1]["model_version"] == "fp32"
+            else:
+                assert got[0] == 400 and got[1] == want[1]  # the same one-line JSON error
+    # concurrent requests reach both replicas (the proxy prefers the shorter queue of two)
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda b: _post(url + "/v2/models/fake/infer", b)[0], bodies * 20))
+    assert codes == [200] * 60
+    time.sleep(1.5)  # each replica pushes its exposition every 0.5 s
+    code, text = _get(url + "/metrics/cluster")
+    assert code == 200
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    served_by = {s.labels["replica"]: s.value for s in fams["latencylab_server_requests"].samples
+                 if s.name.endswith("_total") and s.labels.get("code") == "200"}  # fmt: skip
+    assert len(served_by) == 2 and sum(served_by.values()) >= 63  # 3 + 60 answered (+ the pid probes: none)
+    hist = next(f for f in fams.values() if f.type == "histogram")
+    buckets: dict[str, set[str]] = {}
+    for s in hist.samples:
+        if s.name.endswith("_bucket"):
+            buckets.setdefault(s.labels["replica"], set()).add(s.labels["le"])
+    assert len(buckets) == 2 and len({frozenset(b) for b in buckets.values()}) == 1  # same buckets: they add up
+    code, own = _get(url + "/metrics")
+    assert code == 200 and 'replica="' in own
+
+
+def test_tritonclient_through_the_ray_serve_proxy(served: tuple[str, ReplicaOptions]) -> None:
+    httpclient = pytest.importorskip("tritonclient.http")
+    url, _ = served
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"))
+    assert client.is_server_ready() and client.is_model_ready("fake")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    inp = httpclient.InferInput("X", [2, 4], "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    result = client.infer("fake", [inp], outputs=[httpclient.InferRequestedOutput("Y", binary_data=True)])
+    np.testing.assert_array_equal(result.as_numpy("Y"), 2 * x)
+
+
+def test_relabel_and_merge_keep_every_sample_once_per_replica() -> None:
+    text = '# HELP a_total x\n# TYPE a_total counter\na_total{m="f"} 3.0\n# HELP b x\n# TYPE b gauge\nb 1.0\n'
+    assert relabel(text, "r1").splitlines()[2] == 'a_total{replica="r1",m="f"} 3.0'
+    assert relabel(text, "r1").splitlines()[5] == 'b{replica="r1"} 1.0'
+    merged = merge_expositions({"r1": text, "r2": text})
+    assert merged.count("# TYPE b gauge") == 1
+    assert 'b{replica="r1"} 1.0' in merged and 'b{replica="r2"} 1.0' in merged
+
+
+def test_a_replica_killed_under_load_loses_no_request_silently(served: tuple[str, ReplicaOptions]) -> None:
+    url, opts = served
+    pids = set()
+    for _ in range(20):
+        pids.add(handle(opts).pid.remote().result())
+        if len(pids) == 2:
+            break
+    victim = sorted(pids)[0]
+    payloads = payloads_for_model(fetch_metadata(url, "fake"), n=4, seed=0)
+    timer = threading.Timer(1.5, os.kill, (victim, signal.SIGKILL))
+    timer.start()
+    try:
+        res, rec = load_test(url, infer_path("fake"), payloads, Poisson(60.0, seed=3), LoadConfig(duration_s=4.0,
+                             timeout_s=10.0))  # fmt: skip
+    finally:
+        timer.cancel()
+    s = res.summary
+    assert s["sent"] == s["ok"] + s["shed"] + s["error"] == rec.n  # every request has an outcome
+    assert s["ok"] > 0.5 * s["sent"]  # the other replica kept answering
+    # every failure is an explicit answer (an HTTP status from the proxy), none a timeout or a lost connection
+    assert all(k.startswith("HTTP ") for k in s["errors_by_reason"]), s["errors_by_reason"]
+    assert set(rec.status[rec.outcome != 0].tolist()) <= {500, 502, 503}
+    assert (rec.outcome >= 0).all()
