@@ -10,6 +10,12 @@ Peers (each the recipe a user of that tool would reach for first):
 - ONNX Runtime ``quantize_dynamic`` with its defaults, what optimum / ORT users get
   (``ort-int8-dynamic-default``).
 - Intel Neural Compressor autotune: listed, skipped with the reason (see ``INC_SKIP``).
+- OpenVINO + NNCF post-training INT8 with NNCF's defaults at OpenVINO's default inference precision, what
+  optimum-intel users get (``ov-int8-default``; skipped with the install hint without ``latencylab[openvino]``).
+
+``--families`` adds latencylab's OpenVINO / TVM candidates to the search (opt-in families: ``openvino``,
+``tvm``); ``--search-only`` restricts the search to named candidates (besides the baseline), to fit a run in a
+short lock.
 
 Every variant runs the user's work: the text workload's held-out input sets are ``sentences`` (corpus
 sentences at their natural lengths, batch 1, no padding) and ``passages128`` (passages of exactly 128 real
@@ -61,14 +67,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 BUDGETS = {"text": "cos>=0.99,min_cos>=0.98", "vision": "accuracy_drop<=1%"}
 BASELINE = "torch-fp32"
-PEERS = ("ort-fp32", "torch-bf16", "torch-int8-dynamic", "ort-int8-dynamic-default")
+PEERS = ("ort-fp32", "torch-bf16", "torch-int8-dynamic", "ort-int8-dynamic-default", "ov-int8-default")
 PEER_LABELS = {
     BASELINE: "PyTorch eager FP32",
     "ort-fp32": "ORT FP32, default session (optimum ORTModel)",
     "torch-bf16": "torch BF16 (forced)",
     "torch-int8-dynamic": "torch dynamic INT8 (torch.ao)",
     "ort-int8-dynamic-default": "ORT quantize_dynamic defaults",
+    "ov-int8-default": "OpenVINO + NNCF quantize defaults (optimum-intel)",
 }
+DEFAULT_FAMILIES = ("torch", "onnxruntime")
 TARGET_VS_EAGER = {"sentences": 3.0, "passages128": 2.5}  # any other set (vision's "heldout"): DEFAULT
 DEFAULT_TARGET_VS_EAGER = 3.0
 TARGET_VS_PEER = 1.5
@@ -327,7 +335,13 @@ def whole_cycle(feed_counts: list[int], cap: int = 128) -> int | None:
 
 
 def run_threads(
-    workload: str, threads: int, search_time: float, rounds: int, compare_rounds: int = 5
+    workload: str,
+    threads: int,
+    search_time: float,
+    rounds: int,
+    compare_rounds: int = 5,
+    families: tuple[str, ...] = DEFAULT_FAMILIES,
+    search_only: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     from latencylab.optimize import lab
     from latencylab.optimize.lab import LabConfig, run_lab
@@ -336,7 +350,15 @@ def run_threads(
     load_search = _load()
     t0 = time.perf_counter()
     search_doc = run_lab(
-        LabConfig(workload=workload, budget=budget, threads=threads, time_budget_s=search_time, rounds=rounds),
+        LabConfig(
+            workload=workload,
+            budget=budget,
+            threads=threads,
+            time_budget_s=search_time,
+            rounds=rounds,
+            families=families,
+            only=search_only,
+        ),
         progress=_progress(f"search t{threads}"),
     )
     search_s = time.perf_counter() - t0
@@ -361,7 +383,7 @@ def run_threads(
         cmp_doc = run_lab(
             LabConfig(workload=workload, budget="cos>=0" if workload == "text" else "accuracy_drop<=100%",
                       threads=threads, time_budget_s=None, rounds=cmp_rounds, per_round=cmp_per_round,
-                      only=tuple(only)),
+                      only=tuple(only), families=tuple(dict.fromkeys((*families, "openvino")))),
             progress=_progress(f"compare t{threads}"),
         )  # fmt: skip
     finally:
@@ -444,6 +466,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=10, help="the search's timing rounds")
     ap.add_argument("--compare-rounds", type=int, default=5,
                     help="the comparison's rounds, each visit a whole cycle of every input set")  # fmt: skip
+    ap.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
+                    help="the search's candidate families (add openvino, tvm: opt-in)")  # fmt: skip
+    ap.add_argument("--search-only", default="", help="comma-separated candidates the search tries (default: all)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--from-json", metavar="PATH", help="print the tables of an earlier run's JSON")
     ap.add_argument("--refresh-peaks", action="store_true",
@@ -477,7 +502,9 @@ def main() -> int:
     doc: dict[str, Any] = {"workload": args.workload, "cpu": cpu.get("model"), "isa": isa,
                            "peaks": peaks.to_dict(), "runs": []}  # fmt: skip
     for t in counts:
-        run = run_threads(args.workload, t, args.search_time, args.rounds, args.compare_rounds)
+        fams = tuple(f.strip() for f in args.families.split(",") if f.strip())
+        only = tuple(n.strip() for n in args.search_only.split(",") if n.strip())
+        run = run_threads(args.workload, t, args.search_time, args.rounds, args.compare_rounds, fams, only)
         run["roofline"] = roofline_for(args.workload, run, peaks)
         doc["runs"].append(run)
         if args.json:  # after every count: a later failure keeps what was measured
