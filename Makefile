@@ -60,18 +60,17 @@ run: $(STAMP) prepare
 system-deps:
 	@bash scripts/system-deps.sh
 
-# Two pytest-xdist workers, a test file per worker at a time; a test that judges real wall-clock behaviour is
-# marked `serial` and runs alone (tests/serial_lock.py). TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# The tests that judge real wall-clock behaviour (marked `serial`) run first, one at a time; then the rest on
+# two pytest-xdist workers. TEST_WORKERS=0 runs everything in one process.
+export TEST_WORKERS ?= 2
 
 # Everything: the fast tier and the slow one (real models, servers, the browser, the MLServer peer).
 test: $(STAMP) $(MLSERVER_STAMP) $(LLAMACPP_STAMP) system-deps prepare
-	$(BIN)/python -m pytest -q $(XDIST)
+	PYTHON=$(BIN)/python bash scripts/run-tests.sh
 
 # Unit tests only (fake clocks, fake variants, no real model, server process or browser): under 2 minutes.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
+	PYTHON=$(BIN)/python bash scripts/run-tests.sh "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

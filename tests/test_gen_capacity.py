@@ -1,10 +1,11 @@
 """``latencylab load --api ... --find-capacity``: the capacity search on a goodput SLO.
 
-Fast: the per-request judgement (missed any objective) by hand, the search's ``Segment.missed`` hook on a
-fake server. Slow: one CLI search of the reference streaming server in its queueing mode (``--slots``) whose
-answer must sit inside bounds derived from the server's law (an M/D/c queue), bracketed by a failing step that
-failed on late first tokens. (A coarser second search, 1-s chunks at 50% precision, checked only the bracket
-and cost 35 s of the suite: its checks are this search's.)
+The per-request judgement (missed any objective) by hand, the search's ``Segment.missed`` hook on a fake
+server, and one coarse CLI search of the reference streaming server in its queueing mode (``--slots``), judged
+against bounds from the server's law (an M/D/c queue). The search's precision against a real server's truth is
+tests/test_load_capacity_reference.py's (M/D/1, within -30%/+10%); a second, finer generative search (6-s
+chunks to 10%, within -20%/+25% of the M/D/2 truth) took 2-4 minutes of the suite's 10 alone, and checked
+nothing of the generative path that this search and the fake-server test do not (issue 14).
 """
 
 from __future__ import annotations
@@ -128,24 +129,22 @@ def _search(url: str, tmp_path: Path, *extra: str) -> dict:  # type: ignore[type
     return doc
 
 
-@pytest.mark.slow
-def test_cli_capacity_within_the_md_c_truth(tmp_path: Path, machine_noise) -> None:  # type: ignore[no-untyped-def]
-    """Precision 10%, 6-s chunks (1 s of warm-up): the search lands within 20% below to 25% above the simulated
-    steady-state M/D/2 capacity (the bisection's own width, the statistical verdicts, the loopback's jitter, and
-    chunks that start with an empty queue). (4-s chunks from 40/s, tried in session 10 to save a minute, failed
-    one clean-clone CI run of two: the precision this test checks needs the longer steps.)"""
-    machine_noise.require("generative capacity vs the M/D/c truth", stolen=0.15)
+def test_cli_capacity_of_the_queueing_reference_server_is_bracketed(tmp_path: Path) -> None:
+    """Coarse and short (precision 50%, 1-s chunks): the answer passes, the next rate up fails on TTFT, and it
+    lies below the server's hard ceiling (2 slots / 25 ms = 80/s: there the queue only grows) and above half the
+    M/D/2 truth. Short chunks start with an empty queue that has no time to reach its steady state, so they
+    pass rates somewhat above the steady-state truth (60/s here, against 46/s): the ceiling is the bound."""
     truth = md_c_capacity(SLOTS, SERVICE_S, TTFT_S, LIMIT_S)
+    assert 40 < truth < 80  # the law's own capacity, with margin from both ends
     with stream_server(*LAW) as url:
-        doc = _search(url, tmp_path, "--start-rate", "20", "--step-duration", "6", "--warmup", "1",
-                      "--max-chunks", "4", "--precision", "0.1")  # fmt: skip
+        doc = _search(url, tmp_path, "--start-rate", "20", "--step-duration", "1", "--warmup", "0.2",
+                      "--max-chunks", "3", "--precision", "0.5")  # fmt: skip
     cap = doc["summary"]["capacity_rate"]
     steps = doc["capacity"]["steps"]
-    assert cap is not None and 0.8 * truth <= cap <= 1.25 * truth, (cap, truth, steps)
-    assert cap < SLOTS / SERVICE_S  # below the hard ceiling (2 slots / 25 ms = 80/s: there the queue only grows)
+    assert cap is not None and 0.5 * truth <= cap < SLOTS / SERVICE_S, (cap, truth, steps)
     passing = [s for s in steps if s["passed"]]
     failing = [s for s in steps if not s["passed"] and s["offered_rate"] > cap]
-    assert passing and failing and min(s["offered_rate"] for s in failing) <= 1.1 * cap * 1.01  # bracketed
+    assert passing and failing and min(s["offered_rate"] for s in failing) <= 1.5 * cap * 1.01
     assert all(s["ttft_p99_ms"] is not None for s in steps)
     # the failures are late first tokens (queueing), not failed requests
     assert all(s.get("failed", 0) == 0 for s in steps) and any(s.get("late", 0) > 0 for s in failing)

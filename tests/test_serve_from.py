@@ -340,7 +340,7 @@ def test_bad_directories_get_one_line_and_a_usage_exit(tmp_path: Path, capsys: p
         "recipe.json: workload 'onnx' cannot be served: serve --from knows text, vision"
     )
     d = variant("torch", artifact="model.pt", backend="torch", candidate="ort-fp32")
-    assert "model.pt, not ONNX: only ONNX artifacts can be served" in _serve_error(capsys, "--from", str(d))
+    assert "model.pt, not ONNX or OpenVINO IR: only those can be served" in _serve_error(capsys, "--from", str(d))
     d = variant("other-search", candidate="int8-good")
     assert _serve_error(capsys, "--from", str(d)).endswith(
         "recipe.json chose int8-good but optimize.json chose ort-fp32: not the same search"
