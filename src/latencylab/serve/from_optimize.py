@@ -18,7 +18,9 @@ made up. Every rung is an ONNX file served by ONNX Runtime's CPU provider throug
 built-in ONNX rungs (:class:`~latencylab.serve.ort_text.OrtTextVariant` for text: the MiniLM tokenizer,
 ``input_ids`` + ``attention_mask`` int64 -> ``embedding``; :class:`~latencylab.serve.ort_vision.OrtVisionVariant`
 for vision: the digits JPEG preprocessing, ``pixels`` float32 -> ``logits``), at the graph optimisation level
-the search measured it at. Versions are the candidates' names.
+the search measured it at. Versions are the candidates' names. A choice exported as OpenVINO IR (``model.xml``:
+the search chose an OpenVINO candidate) is served by OpenVINO instead (:mod:`latencylab.serve.ov_runner`), at the
+inference precision the IR records.
 """
 
 from __future__ import annotations
