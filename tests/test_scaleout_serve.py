@@ -29,7 +29,7 @@ from latencylab.load.arrivals import Poisson
 from latencylab.load.generator import LoadConfig
 from latencylab.load.payloads import fetch_metadata, infer_path, payloads_for_model
 from latencylab.load.runner import load_test
-from latencylab.scaleout.serve_ray import ReplicaOptions, deploy, handle, merge_expositions, relabel, shutdown
+from latencylab.scaleout.serve_ray import ReplicaOptions, deploy, handle, shutdown
 from latencylab.serve.app import build_state
 from latencylab.serve.config import ModelConfig, ServerConfig
 from ports import free_port
@@ -115,10 +115,9 @@ def test_two_replicas_answer_the_oip_routes_as_one_server(served: tuple[str, Rep
     served_by = {s.labels["replica"]: s.value for s in fams["latencylab_server_requests"].samples
                  if s.name.endswith("_total") and s.labels.get("code") == "200"}  # fmt: skip
     assert len(served_by) == 2 and sum(served_by.values()) >= 63  # 3 + 60 answered (+ the pid probes: none)
-    hist = next(f for f in fams.values() if f.type == "histogram")
-    buckets: dict[str, set[str]] = {}
-    for s in hist.samples:
-        if s.name.endswith("_bucket"):
+    buckets: dict[str, set[str]] = {}  # the end-to-end request latency histogram, per replica
+    for s in fams["latencylab_server_stage_seconds"].samples:
+        if s.name.endswith("_bucket") and s.labels.get("stage") == "request":
             buckets.setdefault(s.labels["replica"], set()).add(s.labels["le"])
     assert len(buckets) == 2 and len({frozenset(b) for b in buckets.values()}) == 1  # same buckets: they add up
     code, own = _get(url + "/metrics")
@@ -135,15 +134,6 @@ def test_tritonclient_through_the_ray_serve_proxy(served: tuple[str, ReplicaOpti
     inp.set_data_from_numpy(x, binary_data=True)
     result = client.infer("fake", [inp], outputs=[httpclient.InferRequestedOutput("Y", binary_data=True)])
     np.testing.assert_array_equal(result.as_numpy("Y"), 2 * x)
-
-
-def test_relabel_and_merge_keep_every_sample_once_per_replica() -> None:
-    text = '# HELP a_total x\n# TYPE a_total counter\na_total{m="f"} 3.0\n# HELP b x\n# TYPE b gauge\nb 1.0\n'
-    assert relabel(text, "r1").splitlines()[2] == 'a_total{replica="r1",m="f"} 3.0'
-    assert relabel(text, "r1").splitlines()[5] == 'b{replica="r1"} 1.0'
-    merged = merge_expositions({"r1": text, "r2": text})
-    assert merged.count("# TYPE b gauge") == 1
-    assert 'b{replica="r1"} 1.0' in merged and 'b{replica="r2"} 1.0' in merged
 
 
 def test_a_replica_killed_under_load_loses_no_request_silently(served: tuple[str, ReplicaOptions]) -> None:
