@@ -138,7 +138,7 @@ def test_every_candidate_is_built_scored_and_timed_on_the_clock() -> None:
     toy = Toy()
     doc = toy.lab(GenLabConfig.quick(budget="token_agreement>=0", tokens=6, rounds=2))
     c = by_name(doc)
-    assert list(c)[0] == "fp32" and c["fp32"]["status"] == "baseline"
+    assert next(iter(c)) == "fp32" and c["fp32"]["status"] == "baseline"
     assert {"int8-dynamic", "int8-dynamic-perchannel", "int8-weight", "spec-lookup-k4", "spec-int8-k3"} <= set(c)
     assert any(n.startswith("int8-dynamic-perchannel-keep") for n in c)
     for name in ("compile-decode", "kv-int8"):  # reported, never silently dropped, with why
