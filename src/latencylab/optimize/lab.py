@@ -45,6 +45,7 @@ FAMILIES = {
     "torch": "latencylab.optimize.families.torch",
     "onnxruntime": "latencylab.optimize.families.onnxruntime",
     "openvino": "latencylab.optimize.families.openvino",  # opt-in (--families): pip install 'latencylab[openvino]'
+    "tvm": "latencylab.optimize.families.tvm",  # opt-in (--families): pip install 'latencylab[tvm]'
 }
 
 

@@ -66,8 +66,8 @@ def check_writable(path: str | Path, what: str, is_dir: bool) -> None:
         raise LatencyLabError(f"{what} {path} cannot be created: {parent} is not writable")
 
 
-# what run_lab writes into --out (model.xml + model.bin: an OpenVINO IR)
-OUT_FILES = ("model.onnx", "model.pt", "model.xml", "model.bin", "recipe.json", "optimize.json")
+# what run_lab writes into --out (model.xml + model.bin: an OpenVINO IR; model.so: a TVM library)
+OUT_FILES = ("model.onnx", "model.pt", "model.xml", "model.bin", "model.so", "recipe.json", "optimize.json")
 RUNGS_DIR = "rungs"  # and rungs/<candidate>.onnx
 
 
