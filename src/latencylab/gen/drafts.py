@@ -4,7 +4,8 @@
   or drawn from its own warped distribution when sampling), keeping its own KV cache, rolled back to what
   the target accepted. Two models for it, both built from the target:
   :func:`int8_model` (a copy with every Linear layer, the LM head included, dynamically quantised to INT8:
-  int8 weights per output channel, activations quantised per call) and :func:`early_exit_model` (the
+  int8 weights with one scale per tensor, the torch defaults; activations quantised per call;
+  :func:`latencylab.gen.quant.quantize`) and :func:`early_exit_model` (the
   target's first n decoder layers, then its final norm and LM head, sharing the target's weights).
 * :class:`PromptLookupDraft`: no model. The longest recent n-gram of the context (n from ``max_ngram``
   down to ``min_ngram``) is looked up earlier in the prompt and the text so far; the tokens that followed
