@@ -282,6 +282,8 @@ def run_gen_command(args: Any, console: Any) -> int:
         raise LatencyLabError(
             "--workload gen searches the packaged SmolLM2: --model, --pipeline, --inputs do not apply"
         )
+    if args.force and not args.recipe:
+        raise LatencyLabError("--force only applies with --recipe")
 
     def progress(msg: str, step: int, total: int) -> None:
         if not args.quiet:
