@@ -208,3 +208,6 @@ def test_the_cli_refuses_a_bad_gen_budget_in_one_line(capsys: pytest.CaptureFixt
     assert main(["optimize", "--workload", "gen", "--budget", "cos>=0.99", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "token_agreement" in err[0]
+    for bad in (["--force"], ["--model", "m.onnx"], ["--only", "no-such-candidate", "--budget", "top1>=2"]):
+        assert main(["optimize", "--workload", "gen", "--quiet", *bad]) == 2  # refused before any model loads
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
