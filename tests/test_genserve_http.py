@@ -138,6 +138,8 @@ def test_metrics_expose_token_times_and_batch_state(url: str) -> None:
                  "latencylab_gen_decode_step_seconds", "latencylab_gen_running_seqs", "latencylab_gen_waiting_seqs",
                  "latencylab_gen_output_tokens_per_second", "latencylab_gen_kv_usage_ratio"):  # fmt: skip
         assert name in text, name
+    # no request was admitted near its deadline: admission trusts its forecast as it is
+    assert 'latencylab_gen_admission_forecast_scale{model="gen"} 1.0' in text
 
 
 def test_bearer_token_is_required_when_set() -> None:

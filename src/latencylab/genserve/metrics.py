@@ -59,6 +59,11 @@ class GenMetrics:
             ["model", "code", "finish"], registry=r,
         )  # fmt: skip
         self.shed = Counter("latencylab_gen_shed", "Requests refused (503) by reason.", ["model", "reason"], registry=r)
+        self.forecast_scale = Gauge(
+            "latencylab_gen_admission_forecast_scale",
+            "What admission multiplies its TTFT forecast by: the recent actual / forecast of near-deadline requests.",
+            labels, registry=r,
+        )  # fmt: skip
         # the SLO guard's ladder (docs/genserve.md)
         self.ladder_level = Gauge(
             "latencylab_gen_ladder_level", "The guard's rung (0 = the top of the ladder).", labels, registry=r

@@ -359,6 +359,8 @@ class GenService:
                 continue
             ran = True
             self.metrics.observe_step(rep)
+            if sched is self.sched:
+                self.metrics.forecast_scale.labels(self.cfg.model_name).set(sched.forecast_error.scale(rep.end_ns))
             self._account(rep)
             if rep.tokens or rep.finished:
                 if self._loop is not None:
