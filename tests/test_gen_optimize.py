@@ -1,7 +1,8 @@
 """``latencylab optimize --workload gen`` on a toy LM (a tiny random Llama): the candidates built and scored,
 the budget, the choice and the recipe round trip. Time is a FakeClock advanced by every forward pass of the
 model, at a cost per candidate (ms per forward, a stated law), so every TTFT, TPOT and speed-up is exact.
-The real SmolLM2: tests/test_gen_optimize_model.py (slow)."""
+The real SmolLM2: tests/test_gen_optimize_model.py (slow). The fast tier keeps the budget, the unfaithful
+candidate, the recipe round trip (which builds, scores and times two INT8 candidates) and the CLI refusals."""
 
 from __future__ import annotations
 
@@ -107,6 +108,7 @@ def test_budget_parses_the_gen_terms_and_refuses_the_impossible() -> None:
 # ------------------------------------------------------------------------------------------------ quant
 
 
+@pytest.mark.slow  # 3.5-4.5 s on 2 busy cores
 def test_quantize_keeps_the_named_layers_in_float_and_sensitivity_ranks_every_layer() -> None:
     model = toy_model()
     names = linear_names(model)
@@ -134,6 +136,7 @@ def test_quantize_keeps_the_named_layers_in_float_and_sensitivity_ranks_every_la
 # ------------------------------------------------------------------------------------------------ the lab
 
 
+@pytest.mark.slow  # 3.5-4.5 s on 2 busy cores
 def test_every_candidate_is_built_scored_and_timed_on_the_clock() -> None:
     toy = Toy()
     doc = toy.lab(GenLabConfig.quick(budget="token_agreement>=0", tokens=6, rounds=2))
