@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from latencylab.errors import LatencyLabError
-from latencylab.optimize.gen_candidates import GenCandidate, GenContext, GenRun, GenRunner, build
+from latencylab.optimize.gen_candidates import GenCandidate, GenContext, GenRun, GenRunner, build, set_threads
 from latencylab.timing import now_ns, rotated
 
 DEFAULT_GEN_BUDGET = "ppl_delta<=2%,token_agreement>=0.95"
@@ -277,6 +277,7 @@ def search(
     if progress is not None:
         progress("timing (interleaved)", len(candidates), total)
     timed = _time(runners, ctx, tokens, rounds)
+    set_threads(ctx.threads)  # a thread-count candidate ran last, perhaps: the process gets the baseline's back
     for n, runner in runners.items():
         runner.close()
         results[n] = dataclasses.replace(results[n], **timed[n])
