@@ -27,6 +27,7 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> BuildContext:
     return BuildContext(adapter=TinyTextAdapter(lengths=(5, 9, 5, 9)), workdir=tmp_path_factory.mktemp("tvm"))
 
 
+@pytest.mark.slow  # two LLVM compiles of the tiny graph plus one per static shape: ~8 s on 2 vCPUs
 def test_both_candidates_compile_and_match_fp32(ctx: BuildContext, tmp_path: Path) -> None:
     feeds = ctx.all_feeds()
     ref = ctx.adapter.reference(feeds)  # type: ignore[attr-defined]

@@ -9,7 +9,8 @@
   OpenVINO's default precision (``ov-int8-default``, the peer recipe optimum-intel users get: BF16 for the
   float ops on a CPU that has BF16), its defaults with the rest in FP32 (``ov-int8``), and
   ``model_type=TRANSFORMER`` (``ov-int8-transformer``, also ``-static``; transformer encoders only);
-* weight-only INT8 (``nncf.compress_weights``, ``ov-int8-weights``).
+* weight-only INT8 (``nncf.compress_weights``, ``ov-int8-weights``; the CPU plugin then quantises the activations
+  on the fly, so its arithmetic is INT8 too).
 
 Thread settings equal the other families' (one stream, ``ctx.threads`` threads, the latency hint: see
 :mod:`.common`). A candidate's ``params`` are its whole recipe; :func:`candidate_from_params` rebuilds it. The

@@ -187,9 +187,10 @@ def candidates(ctx: BuildContext) -> list[Candidate]:
         (
             "ov-int8-weights",
             "int8-weights",
-            # the arithmetic stays FP32 (weights are decompressed on the fly): the roofline's dtype says so
-            _recipe(WEIGHTS, dtype="float32"),
-            "nncf.compress_weights INT8 (weight-only, asymmetric per channel), FP32 compute",
+            # INT8 arithmetic in fact: the CPU plugin quantises the activations of weight-compressed layers on the
+            # fly (its dynamic quantisation, on by default): measured above the FP32 roof (docs/benchmarks/optimize.md)
+            _recipe(WEIGHTS),
+            "nncf.compress_weights INT8 (weight-only, asymmetric per channel; the plugin quantises activations)",
         ),
     ]
     return [candidate_from_params(name, fam, params, desc) for name, fam, params, desc in specs]
