@@ -7,9 +7,10 @@ routes reach a client through Ray Serve's HTTP proxy unchanged: a client cannot 
 What differs from one process:
 
 * Routing: Ray Serve's proxy picks a replica per request (power of two choices on queue length, at most
-  ``max_ongoing_requests`` at a replica; the rest wait in the proxy). A replica's own admission still
-  refuses what it cannot finish by the deadline (503 + Retry-After); that refusal goes to the client, it is
-  not retried on another replica (docs/scale.md says why and what it costs).
+  ``max_ongoing_requests`` at a replica; the rest wait in the proxy), over every replica
+  (``serve_router.SpreadRouter``: Ray's default prefers the proxy's own node until its replicas are
+  full). A replica's own admission still refuses what it cannot finish by the deadline (503 + Retry-After);
+  that refusal goes to the client, it is not retried on another replica (docs/scale.md says why).
 * Metrics: ``/metrics`` on a replica is its own Prometheus exposition with a ``replica`` label on every
   sample (the same histograms and buckets in every replica, so they add up); ``/metrics/cluster`` is every
   replica's, merged by family (each replica pushes its exposition to one :class:`MetricsBoard` actor every
@@ -217,8 +218,13 @@ def deploy(cfg: ServerConfig, opts: ReplicaOptions, address: str | None = None) 
     actor: dict[str, Any] = {"num_cpus": opts.num_cpus}
     if opts.runtime_env:
         actor["runtime_env"] = dict(opts.runtime_env)
+    from ray.serve.config import RequestRouterConfig
+
+    from latencylab.scaleout.serve_router import PATH
+
     deployment = serve.deployment(
         serve.ingress()(OipReplica),
+        request_router_config=RequestRouterConfig(request_router_class=PATH),  # type: ignore[arg-type]
         name=DEPLOYMENT,
         num_replicas=opts.replicas,
         max_ongoing_requests=opts.max_ongoing_requests,
