@@ -1,4 +1,5 @@
-"""``latencylab load --ray [ADDRESS] --workers N``: the flags, their errors, and no ray import without them."""
+"""``latencylab load --ray [ADDRESS] --workers N`` and ``serve --ray --replicas N``: the flags, their errors,
+and no ray import without them."""
 
 from __future__ import annotations
 
@@ -33,3 +34,19 @@ def test_cli_refuses_workers_without_ray_in_one_line_and_never_imports_ray() -> 
     assert out.returncode != 0 and "--workers needs --ray" in out.stderr and "Traceback" not in out.stderr
     code = "import sys, latencylab.cli, latencylab.load.frontend; print('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_serve_ray_flags_and_their_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    from latencylab.cli import main
+
+    a = build_parser().parse_args(["serve", "--model", "vision", "--ray", "--replicas", "3"])
+    assert a.ray == "" and a.replicas == 3
+    for argv, why in (
+        (["serve", "--model", "vision", "--replicas", "2"], "--replicas needs --ray"),
+        (["serve", "--model", "gen", "--ray"], "not --model gen"),
+        (["serve", "--model", "vision", "--ray", "--port", "0"], "--port 0 is not supported with --ray"),
+        (["serve", "--model", "vision", "--ray", "--timeline", "t.json"], "--timeline is per process"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert why in err and err.count("\n") == 1, err
