@@ -102,8 +102,9 @@ def test_two_replicas_answer_the_oip_routes_as_one_server(served: tuple[str, Rep
                 assert got[1]["outputs"] == want[1]["outputs"] and got[1]["model_version"] == "fp32"
             else:
                 assert got[0] == 400 and got[1] == want[1]  # the same one-line JSON error
-    # concurrent requests reach both replicas (the proxy prefers the shorter queue of two)
-    with ThreadPoolExecutor(8) as pool:
+    # 16 concurrent requests reach both replicas: the proxy's node's replica takes 8 (max_ongoing_requests), the
+    # rest spill over to the other node's
+    with ThreadPoolExecutor(16) as pool:
         codes = list(pool.map(lambda b: _post(url + "/v2/models/fake/infer", b)[0], bodies * 20))
     assert codes == [200] * 60
     time.sleep(1.5)  # each replica pushes its exposition every 0.5 s

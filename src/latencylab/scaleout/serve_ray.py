@@ -7,9 +7,10 @@ routes reach a client through Ray Serve's HTTP proxy unchanged: a client cannot 
 What differs from one process:
 
 * Routing: Ray Serve's proxy picks a replica per request (power of two choices on queue length, at most
-  ``max_ongoing_requests`` at a replica; the rest wait in the proxy), over every replica
-  (``serve_router.SpreadRouter``: Ray's default prefers the proxy's own node until its replicas are
-  full). A replica's own admission still refuses what it cannot finish by the deadline (503 + Retry-After);
+  ``max_ongoing_requests`` at a replica; the rest wait in the proxy). Ray's router tries the proxy's own
+  node's replicas first and the others only when those are full, so ``max_ongoing_requests`` is small (8,
+  one batch): beyond a batch in flight on the proxy's node, requests spill over to the other replicas. A
+  replica's own admission still refuses what it cannot finish by the deadline (503 + Retry-After);
   that refusal goes to the client, it is not retried on another replica (docs/scale.md says why).
 * Metrics: ``/metrics`` on a replica is its own Prometheus exposition with a ``replica`` label on every
   sample (the same histograms and buckets in every replica, so they add up); ``/metrics/cluster`` is every
@@ -47,7 +48,9 @@ class ReplicaOptions:
 
     replicas: int = 2
     num_cpus: float = 1.0  # Ray CPUs per replica (a single-core replica: 1, with --threads 1)
-    max_ongoing_requests: int = 64  # per replica; beyond it requests wait in the proxy's router
+    # per replica; beyond it the proxy's router tries other nodes' replicas, then waits. Small: Ray's router
+    # prefers the proxy's node until its replicas hold this many (docs/scale.md "Routing")
+    max_ongoing_requests: int = 8
     host: str = "127.0.0.1"
     port: int = 8000
     app_name: str = "latencylab"
@@ -218,13 +221,8 @@ def deploy(cfg: ServerConfig, opts: ReplicaOptions, address: str | None = None) 
     actor: dict[str, Any] = {"num_cpus": opts.num_cpus}
     if opts.runtime_env:
         actor["runtime_env"] = dict(opts.runtime_env)
-    from ray.serve.config import RequestRouterConfig
-
-    from latencylab.scaleout.serve_router import PATH
-
     deployment = serve.deployment(
         serve.ingress()(OipReplica),
-        request_router_config=RequestRouterConfig(request_router_class=PATH),  # type: ignore[arg-type]
         name=DEPLOYMENT,
         num_replicas=opts.replicas,
         max_ongoing_requests=opts.max_ongoing_requests,
