@@ -63,6 +63,25 @@ SLOW: dict[str, str] = {
     "test_gen_workload.py::test_fidelity_reference_and_score": "greedy answers and perplexity over the prompt set",
     "test_gen_workload.py::test_kv_cache_off_gives_the_same_tokens": "decodes the prompt set twice (~10 s)",
     "test_gen_speculative.py::test_sampled_speculative_output_is_distributed_as_the_target": "thousands of samples",
+    # real server processes and real-time judgements, 1.5-5 s each (issue 16: test-fast was 203 s with them)
+    "test_genserve_http.py::test_the_load_generator_drives_it_unchanged": "a real load run against the gen app",
+    "test_genserve_http.py::test_a_slow_reader_does_not_hold_up_the_batch": "token timing on a real server",
+    "test_compare_gen.py::test_cli_fails_on_a_token_gate": "real load runs through the CLI",
+    "test_diagnose_pipelines.py::test_data_path_share_and_the_python_function": "a real profile run",
+    "test_diagnose_pipelines.py::test_repeated_pauses_named_with_stage_period_iterations_and_effect": "real pauses",
+    "test_diagnose_pipelines.py::test_deep_on_a_pipeline_result_reimports_its_factory_not_a_namesake": "--deep",
+    "test_diagnose_pipelines.py::test_clean_control_gives_no_finding_on_a_quiet_machine": "a real profile run",
+    "test_diagnose_pipelines.py::test_a_cycled_input_set_is_no_periodic_finding": "a real profile run",
+    "test_load_stream.py": "real streaming servers",
+    "test_optimize_openvino.py::test_every_candidate_runs_close_to_fp32": "builds every OpenVINO candidate",
+    "test_diagnose_gen.py::test_one_stream_at_a_time_stalls_on_the_reference_server": "a real load run",
+    "test_load_plots.py::test_plot_load_writes_what_applies": "a real load run and its plots",
+    "test_load.py": "real reference servers and load runs",
+    "test_load_pacing.py": "times the load generator's pacing",
+    "test_profiler.py::test_real_clock_percentiles_within_3pct_of_truth": "percentiles on the real clock",
+    "test_profiler.py::test_injected_stall_on_real_clock_is_detected": "a stall on the real clock",
+    "test_compare_runs.py::test_cli_interleaved_run_catches_a_slower_stage_and_passes_an_unchanged_one": "real runs",
+    "test_noise.py": "measures the machine's own noise",
 }
 
 
@@ -75,6 +94,7 @@ SERIAL: dict[str, str] = {
     "test_load_pacing.py": "times the load generator's pacing",
     "test_load_capacity_reference.py": "capacity against the M/D/1 truth",
     "test_scaleout_ray.py": "local Ray clusters (CPU resources counted, one cluster at a time)",
+    "test_scaleout_serve.py": "local Ray clusters and Ray Serve (one cluster at a time), a replica killed under load",
     "test_diagnose_gen.py::test_one_stream_at_a_time_stalls_on_the_reference_server": "a stall it must see",
     "test_genserve_http.py::test_a_client_that_disconnects_frees_its_slot_within_a_step": "within one step",
     "test_genserve_http.py::test_a_slow_reader_does_not_hold_up_the_batch": "token timing of the others",
