@@ -36,30 +36,9 @@ METHODS = ("weight", "dynamic")
 
 
 def _weight_only_linear(lin: Any) -> Any:
-    import torch
+    from latencylab.gen.quant import WeightOnlyInt8Linear  # (imports torch)
 
-    class Int8WeightLinear(torch.nn.Module):
-        """``y = x W^T + b`` with W stored as INT8 rows and one FP32 scale per row (output channel)."""
-
-        weight_int8: torch.Tensor
-        scale: torch.Tensor
-
-        def __init__(self, lin: torch.nn.Linear) -> None:
-            super().__init__()
-            w = lin.weight.detach().float()
-            scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-            q = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
-            self.register_buffer("weight_int8", q.contiguous())
-            self.register_buffer("scale", scale.contiguous())
-            self.bias = None if lin.bias is None else torch.nn.Parameter(lin.bias.detach().clone())
-            self.out_features = lin.out_features
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            flat = x.reshape(-1, x.shape[-1]).contiguous()
-            y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scale).reshape(*x.shape[:-1], -1)
-            return y if self.bias is None else y + self.bias
-
-    return Int8WeightLinear(lin)
+    return WeightOnlyInt8Linear(lin)
 
 
 def quantize_int8(model: Any, method: str = "dynamic") -> Any:
