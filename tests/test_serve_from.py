@@ -32,6 +32,7 @@ from latencylab.serve.app import build_state, lifespan_app  # noqa: E402
 from latencylab.serve.config import ModelConfig, ServerConfig, default_config, parse_config  # noqa: E402
 from latencylab.serve.from_optimize import assign_rungs, load_plan  # noqa: E402
 from latencylab.serve.frontend import load_variants  # noqa: E402
+from ov_tiny import text_interface_onnx  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------ the rule
 
@@ -102,34 +103,6 @@ def test_rule_leaves_out_what_the_search_cannot_fill_and_says_why() -> None:
 # ------------------------------------------------------------------------------------- tiny real ONNX graphs
 
 
-def _tiny_text_onnx(path: Path, scale: float, width: int = 4) -> Path:
-    """A real ONNX graph with the text interface: embedding = mean(input_ids * mask) * scale, width wide."""
-    from onnx import TensorProto, helper
-
-    nodes = [
-        helper.make_node("Mul", ["input_ids", "attention_mask"], ["masked"]),
-        helper.make_node("Cast", ["masked"], ["f"], to=TensorProto.FLOAT),
-        helper.make_node("ReduceMean", ["f"], ["m"], keepdims=1),
-        helper.make_node("Mul", ["m", "w"], ["embedding"]),
-    ]
-    w = helper.make_tensor("w", TensorProto.FLOAT, [1, width], [scale * (i + 1) for i in range(width)])
-    graph = helper.make_graph(
-        nodes,
-        "tiny-text",
-        [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
-        ],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", width])],
-        [w],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
-
-
 def _foreign_onnx(path: Path) -> Path:
     """A real ONNX graph with another interface (x float -> y)."""
     from onnx import TensorProto, helper
@@ -148,10 +121,10 @@ def _foreign_onnx(path: Path) -> Path:
 
 def _hand_dir(root: Path) -> Path:
     """An optimize output directory as the contract describes it, over tiny real graphs and the SEARCH records."""
-    _tiny_text_onnx(root / "model.onnx", 1.0)
+    text_interface_onnx(root / "model.onnx", 1.0)
     rungs = {}
     for i, name in enumerate(("int8-fast-bad", "int8-good", "int8-better", "ort-fp32")):
-        _tiny_text_onnx(root / "rungs" / f"{name}.onnx", 2.0 + i)
+        text_interface_onnx(root / "rungs" / f"{name}.onnx", 2.0 + i)
         rungs[name] = f"rungs/{name}.onnx"
     chosen = next(c for c in SEARCH if c["name"] == "ort-fp32")
     recipe = {
