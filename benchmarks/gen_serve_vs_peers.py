@@ -88,6 +88,9 @@ SERVER_CPU, CLIENT_CPU = 1, 0
 LLAMACPP_VENV = ROOT / "benchmarks" / ".venvs" / "llamacpp"
 TFSERVE_VENV = ROOT / "benchmarks" / ".venvs" / "tfserve"
 RELAYS: dict[int, Running] = {}  # server pid -> the relay in front of it (transformers-serve)
+# --quick: every server starts (and, with one step, stays) here; the arrival seeds are fixed, so a 3-s step at 1/s
+# sends the same few requests every run
+QUICK_RATE = 1.0
 START = {"naive": 0.1, "static": 0.1, "latencylab": 0.2, "llamacpp": 0.2, "transformers-serve": 0.1}
 
 
@@ -385,7 +388,7 @@ def measure_server(name: str, cfg: Config, out: Path, prompts: list[Any], log: C
             steps.append(st)
             return st
 
-        start = START[name] if not cfg.quick else 0.5
+        start = START[name] if not cfg.quick else QUICK_RATE
         search(one, start, cfg.max_steps)
         cap = capacity(steps)
         log(f"{name}: capacity {'none' if cap is None else f'{cap:.3f}/s'}")
@@ -584,7 +587,7 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=60.0, help="per request, seconds")
     ap.add_argument("--no-pin", action="store_true", help="do not pin servers to CPU 1 and the generator to CPU 0")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 6-s steps, 2 per server, 8 tokens")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: one 3-s search step per server at 1/s, 6 tokens")
     ap.add_argument(
         "--overload-only",
         action="store_true",
@@ -593,8 +596,8 @@ def main() -> int:
     ap.add_argument("--overload-rate", type=float, default=None, help="--overload-only: this rate instead (req/s)")
     args = ap.parse_args()
     if args.quick:
-        args.min_duration, args.max_duration, args.min_requests, args.max_steps = 6.0, 6.0, 1, 2
-        args.max_tokens = min(args.max_tokens, 8)
+        args.min_duration, args.max_duration, args.min_requests, args.max_steps = 3.0, 3.0, 1, 1
+        args.max_tokens = min(args.max_tokens, 6)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     bad = [n for n in names if n not in SERVERS]
     if bad:

@@ -342,6 +342,7 @@ def run_threads(
     compare_rounds: int = 5,
     families: tuple[str, ...] = DEFAULT_FAMILIES,
     search_only: tuple[str, ...] = (),
+    tune_time: float = 0.0,
 ) -> dict[str, Any]:
     from latencylab.optimize import lab
     from latencylab.optimize.lab import LabConfig, run_lab
@@ -358,6 +359,7 @@ def run_threads(
             rounds=rounds,
             families=families,
             only=search_only,
+            tune_time_s=tune_time,
         ),
         progress=_progress(f"search t{threads}"),
     )
@@ -469,6 +471,7 @@ def main() -> int:
     ap.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
                     help="the search's candidate families (add openvino, tvm: opt-in)")  # fmt: skip
     ap.add_argument("--search-only", default="", help="comma-separated candidates the search tries (default: all)")
+    ap.add_argument("--tune-time", type=float, default=0.0, help="TVM MetaSchedule seconds per shape (0: off)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--from-json", metavar="PATH", help="print the tables of an earlier run's JSON")
     ap.add_argument("--refresh-peaks", action="store_true",
@@ -504,7 +507,9 @@ def main() -> int:
     for t in counts:
         fams = tuple(f.strip() for f in args.families.split(",") if f.strip())
         only = tuple(n.strip() for n in args.search_only.split(",") if n.strip())
-        run = run_threads(args.workload, t, args.search_time, args.rounds, args.compare_rounds, fams, only)
+        run = run_threads(
+            args.workload, t, args.search_time, args.rounds, args.compare_rounds, fams, only, args.tune_time
+        )
         run["roofline"] = roofline_for(args.workload, run, peaks)
         doc["runs"].append(run)
         if args.json:  # after every count: a later failure keeps what was measured

@@ -388,8 +388,8 @@ def plot(out: dict[str, Any], names: Sequence[str], path: Path) -> Path:
         ax.text(
             degraded["at_s"] + 0.3,
             1000,
-            f"while degraded, {out['guard']['probe_fraction']:.0%} of requests probe the slowed rung above:\n"
-            "the client p99 stays above the SLO although the current level's p99 is within it",
+            f"while degraded, {out['guard']['probe_fraction']:.0%} of requests are shadowed on the slowed rung above:\n"
+            "a copy runs there for the guard only; the client is answered by the current rung",
             fontsize=8.5,
             va="top",
             color="#b2182b",

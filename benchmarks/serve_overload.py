@@ -140,7 +140,7 @@ def capacity_search(
         start_rate=args.start_rate, precision=0.05, chunk_s=args.step_duration, max_chunks=args.max_chunks,
         warmup_s=args.warmup, search_warmup_s=args.step_duration, confidence=0.95,
         max_late_fraction=args.max_late_fraction, invalid_retries=args.busy_retries,
-        max_error_fraction=args.max_shed,
+        max_error_fraction=args.max_shed, cooldown_s=args.cooldown,
     )  # fmt: skip
 
     def measure(rate: float, seconds: float, s: int, abort_when: Any) -> Segment:
@@ -217,6 +217,11 @@ def main() -> int:
     ap.add_argument(
         "--max-late-fraction", type=float, default=0.05,
         help="capacity: keep a chunk whose only flaw is this fraction of sends > 1 ms late (default 5%%)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--cooldown", type=float, default=5.0,
+        help="capacity: idle seconds before each step, so the server's learned admission margin relaxes from the "
+        "step before (SearchConfig.cooldown_s; default 5)",
     )  # fmt: skip
     ap.add_argument("--at-capacity-s", type=float, default=10.0, help="seconds at the capacity (0 = skip)")
     ap.add_argument("--start-rate", type=float, help="first capacity step (default: vision 100/s, text 10/s)")

@@ -11,9 +11,19 @@
   One search per replica count, the counts in the order given, the same settings.
 
 This machine has 2 vCPUs: the proxy, the Ray daemons, the controller and the load generator share them with
-the replicas, so 2 replicas cannot reach 2x here; the ratio printed is what 2 vCPUs allow.
+the replicas, so 2 compute-bound replicas cannot reach 2x here; the ratio printed is what 2 vCPUs allow.
+
+``--model fake`` (session 12) serves tests/fake_variants.py's variant instead: one request at a time
+(``max_batch_size`` 1), ``--fake-ms`` (20 ms) of *sleep* each, so a replica's capacity is 1000 / fake-ms requests/s
+while it leaves the cores to the generator, the proxy and the router: what is measured is Ray Serve's scale-out
+(routing, spill-over, the retry of a shed request), not a model's compute. ``2-noretry`` in ``--replicas`` is 2
+replicas with the retry of a shed request off (``ReplicaOptions.retry_shed`` 0, its default); a plain count
+above 1 turns it on (2). Each step prints the
+generator's own late-send share (the largest of its chunks) so that a step decided by the generator is seen.
 
     /tmp/lbench .venv/bin/python benchmarks/serve_ray.py [--replicas 1,2] [--slo p99=100ms]
+    /tmp/lbench .venv/bin/python benchmarks/serve_ray.py --model fake --replicas 1,2-noretry,2 --slo p99=100ms \
+        --start-rate 20 --step 2
 """
 
 from __future__ import annotations
@@ -49,22 +59,31 @@ def capacity(url: str, args: argparse.Namespace) -> dict[str, Any]:
     search = SearchConfig(start_rate=args.start_rate, precision=args.precision, chunk_s=args.step, max_chunks=3,
                           warmup_s=0.5, max_late_fraction=args.max_late)  # fmt: skip
 
+    late: dict[float, float] = {}  # rate -> the largest late-send share of its chunks (the generator's own error)
+
     def measure(rate: float, seconds: float, seed: int, abort_when: Any) -> Segment:
         cfg = LoadConfig(duration_s=seconds, spin=args.spin)
         res, rec = load_test(url, path, payloads, Poisson(rate, seed), cfg, slo, 0.95, seed, abort_when=abort_when)
+        late[rate] = max(late.get(rate, 0.0), float(res.summary.get("late_fraction") or 0.0))
         return Segment.from_run(rate, res, rec)
 
     def on_step(st: dict[str, Any]) -> None:
-        print(f"  offered {st['offered_rate']:.1f}/s  {'pass' if st['passed'] else 'FAIL'}: {st['why']}", flush=True)
+        print(f"  offered {st['offered_rate']:.1f}/s  {'pass' if st['passed'] else 'FAIL'} (generator late "
+              f"<= {late.get(st['offered_rate'], 0):.1%}, shed {st.get('failed_fraction') or 0:.1%}): {st['why']}",
+              flush=True)  # fmt: skip
 
     spread = repeat_capacity(measure, slo, search, 1, 0, on_step)
-    return {"capacity_rate": spread.median, "goodput": spread.goodput, "reason": spread.searches[0].reason}
+    passed = [st["offered_rate"] for st in spread.searches[0].steps if st["passed"]]
+    at_cap = late.get(max(passed)) if passed else None
+    return {"capacity_rate": spread.median, "goodput": spread.goodput, "reason": spread.searches[0].reason,
+            "late_at_capacity": at_cap, "late_max": max(late.values(), default=0.0)}  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--replicas", default="1,2")
-    ap.add_argument("--model", default="vision")
+    ap.add_argument("--model", default="vision", help="vision, text, or fake (a sleeping variant: --fake-ms)")
+    ap.add_argument("--fake-ms", type=float, default=20.0, help="--model fake: ms a request (one at a time)")
     ap.add_argument("--ladder", default="fp32")
     ap.add_argument("--slo", default="p99=100ms")
     ap.add_argument("--start-rate", type=float, default=20.0)
@@ -81,21 +100,30 @@ def main() -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False, namespace="latencylab")
-    model = ModelConfig(name=args.model, ladder=tuple(args.ladder.split(",")), slo_ms=200.0)
+    ladder = tuple(args.ladder.split(","))
+    env_vars = {k: os.environ[k] for k in ("LATENCYLAB_CACHE", "HF_HUB_OFFLINE") if k in os.environ}
+    if args.model == "fake":
+        model = ModelConfig(name="fake", ladder=ladder, slo_ms=200.0, factory="fake_variants:make", max_batch_size=1)
+        tests = str(Path(__file__).resolve().parents[1] / "tests")
+        env_vars.update({"PYTHONPATH": tests, **{f"FAKE_DELAY_MS_{v.upper()}": f"{args.fake_ms:g}" for v in ladder}})
+    else:
+        model = ModelConfig(name=args.model, ladder=ladder, slo_ms=200.0)
     cfg = ServerConfig(models=(model,), threads=1)
-    env = {"env_vars": {k: os.environ[k] for k in ("LATENCYLAB_CACHE", "HF_HUB_OFFLINE") if k in os.environ}}
+    env = {"env_vars": env_vars}
     rows = []
     try:
-        for n in [int(x) for x in args.replicas.split(",")]:
-            opts = ReplicaOptions(replicas=n, num_cpus=1, port=free_port(), runtime_env=env)
+        for spec in args.replicas.split(","):
+            n, retry = int(spec.split("-")[0]), 0 if spec.endswith("-noretry") else 2
+            opts = ReplicaOptions(replicas=n, num_cpus=1, port=free_port(), runtime_env=env, retry_shed=retry)
             t0 = time.time()
             url = deploy(cfg, opts)
             ready_s = time.time() - t0
             with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=30) as r:
                 assert r.status == 200
-            print(f"== {n} replica(s) at {url}, ready in {ready_s:.1f} s", flush=True)
+            print(f"== {spec}: {n} replica(s) at {url}, retry of a shed request {retry}, ready in {ready_s:.1f} s",
+                  flush=True)  # fmt: skip
             cap = capacity(url, args)
-            rows.append((n, cap))
+            rows.append((spec, n, cap))
             shutdown(opts)
     finally:
         ray.shutdown()
@@ -106,16 +134,18 @@ def main() -> None:
           f"spin {args.spin}")  # fmt: skip
     print(f"date {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} vCPUs, "
           f"total {time.time() - started:.0f} s")  # fmt: skip
-    print(f"{'replicas':>8} {'capacity/s':>11} {'goodput/s':>10}  search")
+    print(f"{'replicas':>10} {'capacity/s':>11} {'goodput/s':>10} {'late there':>10} {'late max':>9}  search")
     base = None
-    for n, cap in rows:
+    for spec, n, cap in rows:
         rate = cap.get("capacity_rate")
         base = rate if n == 1 else base
-        good = cap.get("goodput")
-        print(f"{n:>8} {rate or 0:>11.1f} {good or 0:>10.1f}  {cap.get('reason')}")
-    two = next((c.get("capacity_rate") for n, c in rows if n == 2), None)
-    if base and two:
-        print(f"ratio 2 replicas / 1: {two / base:.2f}x")
+        lat = cap.get("late_at_capacity")
+        lat_txt = "-" if lat is None else format(lat, ".1%")
+        print(f"{spec:>10} {rate or 0:>11.1f} {cap.get('goodput') or 0:>10.1f} {lat_txt:>10} {cap['late_max']:>9.1%}"
+              f"  {cap.get('reason')}")  # fmt: skip
+    for spec, n, cap in rows:
+        if n > 1 and base and cap.get("capacity_rate"):
+            print(f"ratio {spec} / 1: {cap['capacity_rate'] / base:.2f}x")
 
 
 if __name__ == "__main__":

@@ -130,3 +130,15 @@ class SometimesSlow(FakeVariant):
         if self.calls % 4 == 0:
             self._spend(0.015)
         return super().forward(items)
+
+
+def admission_state(clock: FakeClock) -> Any:
+    """A server state for admission tests: one fake model, 30-ms SLO and default deadline, 50-ms variant, no slack."""
+    from latencylab.serve.app import build_state
+    from latencylab.serve.config import ModelConfig, ServerConfig
+
+    model = ModelConfig(
+        name="fake", ladder=("fp32",), factory="fake_variants:make", slo_ms=30, default_deadline_ms=30,
+        admission_slack="off",
+    )  # fmt: skip
+    return build_state(ServerConfig(models=(model,)), {"fake": [FakeVariant("fp32", 0.05, clock=clock)]}, clock=clock)

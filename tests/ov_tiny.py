@@ -146,3 +146,64 @@ def text_interface_onnx(path: Path, scale: float, width: int = 4) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
     return path
+
+
+class TinyCnn(torch.nn.Module):
+    """Two 3x3 convolutions with ReLU, global average pooling, a linear head: (B, 3, 16, 16) -> (B, 10) logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.c2(torch.relu(self.c1(pixels))))
+        return self.head(x.mean((2, 3)))
+
+
+class TinyVisionAdapter:
+    """The vision interface on :class:`TinyCnn`: ``pixels`` (1, 3, 16, 16) -> ``logits``; ``n`` held-out images
+    whose labels are the FP32 model's top-1 except every fifth (so FP32's accuracy is 0.8, not 1), 16 for
+    calibration."""
+
+    name = "tiny-vision"
+    input_names = ("pixels",)
+    output_kind = "logits"
+    has_torch = True
+
+    def __init__(self, n: int = 40) -> None:
+        torch.manual_seed(0)
+        self.model = TinyCnn().eval()
+        rng = np.random.default_rng(1)
+        self._held = [{"pixels": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(n)]
+        self._calib = [{"pixels": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(16)]
+        top1 = self.reference(self._held).argmax(1)
+        self._labels = np.where(np.arange(n) % 5 == 4, (top1 + 1) % 10, top1).astype(np.int64)
+
+    def torch_model(self) -> Any:
+        return self.model
+
+    def export_onnx(self, path: Path, opset: int = 17) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(self.model, (torch.from_numpy(self._held[0]["pixels"]),), str(path), opset_version=opset,
+                              input_names=["pixels"], output_names=["logits"],
+                              dynamic_axes={"pixels": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)  # fmt: skip
+        return path
+
+    def heldout(self) -> list[Feed]:
+        return list(self._held)
+
+    def calibration(self) -> list[Feed]:
+        return list(self._calib)
+
+    def labels(self) -> np.ndarray | None:
+        return self._labels
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": "tiny-cnn", "res": 16}
+
+    def reference(self, feeds: list[Feed]) -> np.ndarray:
+        with torch.inference_mode():
+            return np.concatenate([self.model(torch.from_numpy(f["pixels"])).numpy() for f in feeds]).astype(np.float32)

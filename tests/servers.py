@@ -48,9 +48,9 @@ def stream_server(*args: str) -> AbstractContextManager[str]:
 
 
 @contextmanager
-def uvicorn_thread(state: Any) -> Iterator[tuple[str, int]]:
-    """A real uvicorn server (the config ``run_server`` uses) serving ``state`` in a thread, on loopback;
-    yields its (host, port)."""
+def uvicorn_thread(state: Any, config: Any = None) -> Iterator[tuple[str, int]]:
+    """A real uvicorn server (the config ``run_server`` uses, or ``config``) serving ``state`` in a thread, on
+    loopback; yields its (host, port)."""
     import asyncio
     import threading
     import time
@@ -59,7 +59,7 @@ def uvicorn_thread(state: Any) -> Iterator[tuple[str, int]]:
 
     from latencylab.serve.app import bind, uvicorn_config
 
-    server = uvicorn.Server(uvicorn_config(state))
+    server = uvicorn.Server(config if config is not None else uvicorn_config(state))
     sock = bind("127.0.0.1", 0)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()

@@ -141,9 +141,13 @@ def test_cli_capacity_of_the_queueing_reference_server_is_bracketed(tmp_path: Pa
                       "--max-chunks", "3", "--precision", "0.5")  # fmt: skip
     cap = doc["summary"]["capacity_rate"]
     steps = doc["capacity"]["steps"]
+    if doc["capacity"]["generator_bound"]:
+        # the load generator fell behind above the answer (a busy machine): a lower bound, still under the ceiling
+        assert cap is None or cap < SLOTS / SERVICE_S, (cap, steps)
+        pytest.skip(f"the generator fell behind: {doc['capacity']['reason']}")
     assert cap is not None and 0.5 * truth <= cap < SLOTS / SERVICE_S, (cap, truth, steps)
     passing = [s for s in steps if s["passed"]]
-    failing = [s for s in steps if not s["passed"] and s["offered_rate"] > cap]
+    failing = [s for s in steps if not s["passed"] and s["verdict"] != "invalid" and s["offered_rate"] > cap]
     assert passing and failing and min(s["offered_rate"] for s in failing) <= 1.5 * cap * 1.01
     assert all(s["ttft_p99_ms"] is not None for s in steps)
     # the failures are late first tokens (queueing), not failed requests

@@ -1,5 +1,5 @@
 """``optimize --workload gen`` on the real SmolLM2-135M-Instruct (slow tier), the quick search with two
-candidates besides the FP32 baseline: greedy speculative decoding with prompt lookup is exact on the
+candidates besides the FP32 baseline (and BF16): greedy speculative decoding with prompt lookup is exact on the
 held-out prompts (agreement 1 as measured, not only by construction), dynamic INT8 is scored and timed, and
 every figure of the table is there. No assertion on speed (a real clock on a shared machine)."""
 
@@ -21,9 +21,11 @@ def test_quick_gen_search_on_the_real_model() -> None:
         gguf_path()
     except Exception as exc:  # the weights package is missing
         pytest.skip(str(exc))
-    doc = run_gen_lab(GenLabConfig.quick(only=("int8-dynamic", "spec-lookup-k4")))
+    doc = run_gen_lab(GenLabConfig.quick(only=("int8-dynamic", "spec-lookup-k4", "bf16")))
     c = {x["name"]: x for x in doc["candidates"]}
-    assert list(c) == ["fp32", "int8-dynamic", "spec-lookup-k4"]
+    assert list(c) == ["fp32", "int8-dynamic", "spec-lookup-k4", "bf16"]
+    b = c["bf16"]["fidelity"]  # BF16 weights: a real perplexity of their own, not the baseline's
+    assert b["perplexity"] > 1 and b["perplexity"] != c["fp32"]["fidelity"]["perplexity"] and 0 <= b["top1"] <= 1
     spec = c["spec-lookup-k4"]
     assert spec["fidelity"]["token_agreement"] == 1.0 and spec["fidelity"]["exact"] == 1.0
     assert spec["status"] == "inside-budget"

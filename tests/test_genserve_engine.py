@@ -51,3 +51,33 @@ def test_batched_greedy_matches_single_sequence_greedy_on_the_shipped_prompts(lm
     for i, s in zip((0, 5), sampled, strict=True):
         cfg = DecodeConfig(temperature=0.8, top_p=0.9)
         assert s.tokens == generate(model, prompts[i], MAX_TOKENS, cfg, eos=eos, seed=7 + i)
+
+
+def test_a_cached_chat_prefix_gives_the_tokens_a_whole_prefill_gives(lm) -> None:  # type: ignore[no-untyped-def]
+    """The prefix cache (genserve/prefix.py): a chat prompt starts after the template's fixed prefix, its K/V a
+    copy of the prefix's; greedy tokens equal the reference's, and a raw prompt (another prefix) is unchanged."""
+    import torch
+
+    from latencylab.genserve.engine import TorchEngine
+    from latencylab.genserve.prefix import chat_prefix
+    from latencylab.genserve.scheduler import GenRequest, Scheduler, SchedulerConfig
+    from latencylab.workloads.gen import chat_ids
+    from latencylab.workloads.gen_decode import eos_ids, generate
+
+    tok, model = lm.tokenizer, lm.model
+    eos = eos_ids(tok, model)
+    prefix = chat_prefix(lambda m: chat_ids(tok, m))
+    chat = chat_ids(tok, [{"role": "user", "content": "Name a colour."}])
+    raw = list(tok("The capital of France is", add_special_tokens=False)["input_ids"])
+    engine = TorchEngine(model)
+    engine.set_prefix(prefix)
+    before = [k.clone() for k, _ in engine.prefix.layers]
+    sched = Scheduler(engine, SchedulerConfig(max_num_seqs=2))
+    n = 4
+    seqs = [sched.submit(GenRequest(tuple(p), n, eos_ids=eos)) for p in (chat, raw)]
+    assert [s.cached_tokens for s in seqs] == [len(prefix), 0] and len(prefix) >= 16
+    while sched.step() is not None:
+        pass
+    for p, s in zip((chat, raw), seqs, strict=True):
+        assert s.tokens == generate(model, p, n, eos=eos), f"prompt of {len(p)} tokens"
+    assert all(torch.equal(a, k) for a, (k, _) in zip(before, engine.prefix.layers, strict=True))  # read-only

@@ -12,14 +12,18 @@ from typing import Any
 import pytest
 
 from genserve_servers import counts_of, events, fake_service, get, post, run_load
+from latencylab.genserve.fake import FakeTokenizer
 from latencylab.genserve.server import serve_in_thread
 
 make_service = fake_service
+PREFIX = "PFX:"  # the module server's engine caches this prompt prefix's K/V (the other tests' prompts miss it)
 
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    with serve_in_thread(make_service()) as u:
+    svc = make_service()
+    svc.engine.prefix = tuple(FakeTokenizer().encode(PREFIX))  # type: ignore[attr-defined]
+    with serve_in_thread(svc) as u:
         yield u
 
 
@@ -33,7 +37,25 @@ def test_completions_whole_answer_with_usage(url: str) -> None:
     obj = json.loads(body)
     assert status == 200 and obj["object"] == "text_completion"
     assert obj["choices"][0]["text"] == "abcd" and obj["choices"][0]["finish_reason"] == "stop"
-    assert obj["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    assert obj["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9,
+                            "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+
+
+def test_prompt_tokens_the_prefix_cache_held_are_counted_in_usage_and_metrics(url: str) -> None:
+    def cached_tokens() -> float:
+        text = get(url, "/metrics")[1].decode()
+        line = 'latencylab_gen_tokens_total{kind="prompt_cached",model="gen"} '
+        return sum(float(x[len(line) :]) for x in text.splitlines() if x.startswith(line))
+
+    before = cached_tokens()
+    _, _, body = post(url, "/v1/completions", {"prompt": PREFIX + "hello", "max_tokens": 10})
+    obj = json.loads(body)
+    # the same answer as without a prefix cache (the fake's reply does not depend on it), 4 prompt tokens skipped
+    assert obj["choices"][0]["text"] == "abcd"
+    assert obj["usage"]["prompt_tokens"] == 9 and obj["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+    _, _, body = post(url, "/v2/models/gen/generate", {"text_input": PREFIX + "hi", "parameters": {"max_tokens": 3}})
+    assert json.loads(body)["cached_prompt_tokens"] == 4
+    assert cached_tokens() == before + 8
 
 
 def test_chat_stream_chunks_usage_and_done(url: str) -> None:

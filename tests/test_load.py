@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import Watch
 from latencylab.load.arrivals import Constant, Poisson
 from latencylab.load.generator import LoadConfig
 from latencylab.load.payloads import fetch_metadata, infer_path, payloads_for_model
@@ -26,11 +27,14 @@ def _payloads(url: str) -> list:
 
 
 @pytest.mark.slow
-def test_percentiles_within_3pct_of_known_service_times() -> None:
+def test_percentiles_within_3pct_of_known_service_times(machine_noise) -> None:  # type: ignore[no-untyped-def]
     # Median 80 ms: loopback + HTTP overhead (~1 ms, reconciled below) stays well inside 3%.
+    limits = {"stolen": 0.10, "wake_late_ms": 1.0}  # sends on time need timers that wake on time
+    machine_noise.require("sends within 1 ms of their intended time", **limits)
     dist = Distribution.parse("lognormal(80ms,0.35)")
     with reference_server("--service", "lognormal(80ms,0.35)", "--seed", "3") as url:
-        res, _ = load_test(url, PATH, _payloads(url), Poisson(90, seed=1), LoadConfig(duration_s=14), env={})
+        with Watch() as watch:  # the generator runs on this thread: how long the machine kept it off the CPU
+            res, _ = load_test(url, PATH, _payloads(url), Poisson(90, seed=1), LoadConfig(duration_s=14), env={})
         drawn = drawn_service_times(url)
     s = res.summary
     assert s["sent"] == s["ok"] == drawn.size >= 1100
@@ -39,7 +43,16 @@ def test_percentiles_within_3pct_of_known_service_times() -> None:
         # Other processes held the cores (2 shared cores at load 5 saw 6-10% late sends, with the old always-spin
         # timing as with the new): the sends could not be on time, and latency from the intended send carries it.
         pytest.skip(f"cores saturated ({busy:.2f} of {s['client_cores']} busy): {s['late_fraction']:.1%} sends late")
-    assert s["late_fraction"] < 0.05  # sends on time (the 1% validity bar is for quiet machines)
+    if s["late_fraction"] >= 0.05:
+        # Two clean-clone CI runs saw 5.4% and 5.8% late with the cores not saturated. Here, quiet: 0.6-1.8% late
+        # with the generator's thread kept off the CPU 2.2-3.0% of the run; beside two spinning processes: 12.5%
+        # late, kept off 5.9%. Set aside when the machine kept the generator off the CPU (run-queue wait and
+        # hypervisor steal, measured over the run itself), or turned noisy; otherwise the failure stands.
+        if watch.waited is not None and watch.waited >= 0.04:
+            pytest.skip(f"the generator's thread was {watch.describe()}: {s['late_fraction']:.1%} sends late")
+        machine_noise.recheck("sends within 1 ms of their intended time", **limits)
+    why = (s["late_fraction"], busy, watch.describe(), s["gc_pauses"], s["gc_pause_max_ms"], s["spin_fraction"])
+    assert s["late_fraction"] < 0.05, why  # sends on time (the 1% validity bar is for quiet machines)
     for q, key in ((0.5, "p50_ms"), (0.99, "p99_ms")):
         realised = np.quantile(drawn, q) / 1e6
         assert s[key] == pytest.approx(realised, rel=0.03), (key, s[key], realised)

@@ -42,10 +42,12 @@ def test_search_finds_the_md1_capacity_of_a_single_worker_reference_server() -> 
 
         cap = search_capacity(measure, slo, cfg, seed=1)
     invalid = [s["why"] for s in cap.steps if s["verdict"] == "invalid"]
-    if invalid and (cap.capacity_rate or 0) < 0.5 * truth:
-        # Every chunk of those steps was invalidated by the generator itself (> 1% of sends > 1 ms late): on 2
-        # cores that other processes keep busy, the search measured the generator, not the server; it says so.
-        pytest.skip(f"the generator fell behind (a busy machine): {invalid[0]}")
+    if cap.generator_bound or (invalid and (cap.capacity_rate or 0) < 0.5 * truth):
+        # Every chunk of those steps was invalidated by the generator itself (> 5% of sends > 1 ms late): on 2
+        # cores that other processes keep busy, the search measured the generator, not the server; it says so,
+        # and what it passed is still a lower bound of the truth.
+        assert cap.capacity_rate is None or cap.capacity_rate <= 1.1 * truth, (cap.capacity_rate, cap.reason)
+        pytest.skip(f"the generator fell behind (a busy machine): {cap.reason}")
     assert cap.capacity_rate is not None, cap.reason
     assert 0.7 * truth <= cap.capacity_rate <= 1.1 * truth, (cap.capacity_rate, truth, cap.reason)
     assert any(s["verdict"] == "fail" for s in cap.steps) and any(s["passed"] for s in cap.steps)

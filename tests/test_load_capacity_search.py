@@ -180,6 +180,30 @@ def test_an_invalid_chunk_is_rerun_and_counted() -> None:
     assert not bad["passed"] and bad["verdict"] == "invalid" and "invalid run 3 times" in bad["why"]
 
 
+def test_a_rate_the_generator_cannot_keep_is_no_failure_of_the_server() -> None:
+    """Above 45/s the simulated generator falls behind (every chunk invalid); the M/D/1 server's own capacity is
+    ~70/s. The search bisects below the generator's limit and reports a lower bound, never "fails at 45/s"."""
+    inner = Queue("const", 0.010)
+
+    def measure(rate: float, seconds: float, seed: int, abort: Any) -> Segment:
+        seg = inner(rate, seconds, seed, abort)
+        if rate > 45:
+            why = "generator fell behind: 20.0% of requests were sent more than 1 ms after their intended time"
+            return Segment(rate, seg.intended_ns, seg.done_ns, seg.outcome, False, why, "", 0.2, True)
+        return seg
+
+    cap = search_capacity(measure, Slo.parse("p99=60ms"), CFG, seed=1)
+    assert cap.generator_bound and "lower bound" in cap.reason and "fails at" not in cap.reason, cap.reason
+    assert cap.capacity_rate is not None and 40 <= cap.capacity_rate <= 45, cap.capacity_rate
+    invalid = [s["offered_rate"] for s in cap.steps if s["verdict"] == "invalid"]
+    assert invalid and min(invalid) <= cap.capacity_rate * (1 + CFG.precision) + 1e-9
+    assert cap.to_dict()["generator_bound"] is True
+    # the same server with a generator that keeps up: a real bracket above the generator-bound answer
+    full = search_capacity(inner, Slo.parse("p99=60ms"), CFG, seed=1)
+    assert not full.generator_bound and "fails at" in full.reason
+    assert full.capacity_rate is not None and full.capacity_rate > 45
+
+
 def test_shed_requests_fail_a_step_past_the_error_limit() -> None:
     def shedding(rate: float, seconds: float, seed: int, abort: Any) -> Segment:
         seg = Queue("exp", 0.001)(rate, seconds, seed, abort)

@@ -48,8 +48,10 @@ def test_every_candidate_runs_close_to_fp32(ctx: BuildContext) -> None:
     feeds = ctx.all_feeds()
     ref = ctx.adapter.reference(feeds)  # type: ignore[attr-defined]
     cands = fam.candidates(ctx)
-    assert len({c.name for c in cands}) == len(cands) == 7
+    assert len({c.name for c in cands}) == len(cands) == 9
     for c in cands:
+        if (c.params["quantization"] or {}).get("mode") == "ptq-ac":
+            continue  # NNCF's accuracy-control loop: tests/test_optimize_openvino_ac.py
         assert c.backend == "openvino" and c.description
         assert c.skip_reason(ctx) is None, c.name
         runner = c.build(ctx)

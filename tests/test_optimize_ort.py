@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 import onnx  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
+from cache_seed import seeded  # noqa: E402
 from latencylab.errors import LatencyLabError  # noqa: E402
 from latencylab.optimize.adapters import TextAdapter, VisionAdapter  # noqa: E402
 from latencylab.optimize.families import onnxruntime as fam  # noqa: E402
@@ -61,7 +62,7 @@ def _kept_in_float(ops: dict[str, str], node: str) -> bool:
 @pytest.fixture(scope="module")
 def vision(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BuildContext, np.ndarray]]:
     mp = pytest.MonkeyPatch()
-    mp.setenv("LATENCYLAB_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    mp.setenv("LATENCYLAB_CACHE", str(seeded(tmp_path_factory.getbasetemp() / "cache")))
     adapter: Any = VisionAdapter()
     # Train (or load) outside export_onnx: it calls torch_model() under inference_mode, where training fails.
     adapter.torch_model()

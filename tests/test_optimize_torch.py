@@ -17,6 +17,7 @@ pytest.importorskip("sklearn")
 F = torch.nn.functional
 nn = torch.nn
 
+from cache_seed import seeded  # noqa: E402
 from latencylab.errors import LatencyLabError  # noqa: E402
 from latencylab.optimize.adapters import TextAdapter, VisionAdapter  # noqa: E402
 from latencylab.optimize.families import torch as tfam  # noqa: E402
@@ -44,7 +45,7 @@ def _cpu_flags() -> frozenset[str]:
 def vision_ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuildContext]:
     adapter = VisionAdapter()
     with pytest.MonkeyPatch.context() as mp:  # the same cache conftest gives every test: trained once
-        mp.setenv("LATENCYLAB_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        mp.setenv("LATENCYLAB_CACHE", str(seeded(tmp_path_factory.getbasetemp() / "cache")))
         adapter.torch_model()
         adapter.heldout()
         yield BuildContext(adapter, tmp_path_factory.mktemp("vision"), threads=1, isa=_cpu_flags())

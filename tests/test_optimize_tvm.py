@@ -1,9 +1,12 @@
 """Apache TVM candidate family on a tiny encoder exported in the test: Relax from the ONNX export, compiled for
-the host (no tuning), dynamic and per static shape; outputs close to FP32; the library exports and reloads."""
+the host (no tuning), dynamic, per static shape (inputs fixed before the import) and per length bucket; outputs
+close to FP32; the library exports and reloads; MetaSchedule tuning off by default, its database per machine
+reused by a second search."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +17,7 @@ pytest.importorskip("tvm", reason="Apache TVM is not installed: pip install 'lat
 pytest.importorskip("onnx")
 pytest.importorskip("torch")
 
+from latencylab.optimize.families import static_shapes
 from latencylab.optimize.families import tvm as fam
 from latencylab.optimize.lab_export import export
 from latencylab.optimize.types import BuildContext
@@ -27,19 +31,27 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> BuildContext:
     return BuildContext(adapter=TinyTextAdapter(lengths=(5, 9, 5, 9)), workdir=tmp_path_factory.mktemp("tvm"))
 
 
-@pytest.mark.slow  # two LLVM compiles of the tiny graph plus one per static shape: ~8 s on 2 vCPUs
-def test_both_candidates_compile_and_match_fp32(ctx: BuildContext, tmp_path: Path) -> None:
+@pytest.mark.slow  # LLVM compiles of the tiny graph: one dynamic, one per static shape, one per bucket: ~10 s
+def test_the_untuned_candidates_compile_and_match_fp32(ctx: BuildContext, tmp_path: Path) -> None:
     feeds = ctx.all_feeds()
     ref = ctx.adapter.reference(feeds)  # type: ignore[attr-defined]
     cands = {c.name: c for c in fam.candidates(ctx)}
-    assert sorted(cands) == ["tvm-relax", "tvm-relax-static"]
-    for c in cands.values():
+    assert sorted(cands) == ["tvm-relax", "tvm-relax-buckets", "tvm-relax-static", "tvm-relax-tuned"]
+    edges = fam._edges(ctx, fam.BUCKETS)  # on the calibration lengths (4 to 15 here)
+    for name, shapes_built, positions in (
+        ("tvm-relax", 0, 2 * 14 + 2 * 16),
+        ("tvm-relax-static", 3, 2 * 14 + 2 * 16),  # 5, 9 and 16 tokens
+        # 5 and 9 tokens padded to their buckets; 16 (past the last edge) to the next multiple of 64
+        ("tvm-relax-buckets", 3, 2 * (static_shapes.pad_to_bucket(feeds[0], edges)["input_ids"].shape[1]
+                                      + static_shapes.pad_to_bucket(feeds[1], edges)["input_ids"].shape[1]) + 2 * 64),
+    ):  # fmt: skip
+        c = cands[name]
         assert c.backend == "tvm" and c.params["tune_time_s"] == 0 and c.skip_reason(ctx) is None
         runner = c.build(ctx)
         out = np.concatenate([runner.run(f) for f in feeds])
-        np.testing.assert_allclose(out, ref, atol=1e-4, err_msg=c.name)
-        assert runner.tokens.positions == 2 * 14 + 2 * 16
-        assert runner.stats["static_shapes"] == (3 if c.params["static"] else 0)  # 5, 9 and 16 tokens
+        np.testing.assert_allclose(out, ref, atol=1e-4, err_msg=name)  # padding under the mask changes nothing
+        assert runner.tokens.positions == positions, name
+        assert runner.stats["static_shapes"] == shapes_built, name
         assert "llvm" in runner.stats["target"]
     # a recipe's params rebuild it; the export is a library TVM loads back
     again = fam.candidate_from_params("tvm-relax", "compile", json.loads(json.dumps(dict(cands["tvm-relax"].params))))
@@ -54,9 +66,46 @@ def test_both_candidates_compile_and_match_fp32(ctx: BuildContext, tmp_path: Pat
     np.testing.assert_allclose(got, ref[:1], atol=1e-4)
 
 
-def test_tuning_and_too_many_static_shapes_are_skips_with_reasons(tmp_path: Path) -> None:
+def test_tuning_is_off_by_default_and_too_many_static_shapes_skip(tmp_path: Path) -> None:
     many = BuildContext(adapter=TinyTextAdapter(lengths=tuple(range(2, 14))), workdir=tmp_path)
     by = {c.name: c for c in fam.candidates(many)}
     assert (by["tvm-relax-static"].skip_reason(many) or "").startswith("13 distinct input shapes")
-    tuned = fam.candidate_from_params("tvm-tuned", "compile", {**by["tvm-relax"].params, "tune_time_s": 60})
-    assert "not implemented yet" in (tuned.skip_reason(many) or "")
+    assert by["tvm-relax-buckets"].skip_reason(many) is None  # 12 lengths + 16 reach at most 5 buckets
+    assert by["tvm-relax-tuned"].skip_reason(many) == "MetaSchedule tuning is off (--tune-time 0, the default)"
+    many.cache["tune_time_s"] = 5.0
+    tuned = {c.name: c for c in fam.candidates(many)}["tvm-relax-tuned"]
+    assert tuned.params["tune_time_s"] == 5.0 and tuned.params["buckets"] == fam.BUCKETS  # too many shapes
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("LATENCYLAB_TVM_TUNE_TEST") != "1",
+    reason="tuning cannot fit a few seconds: MetaSchedule's child process spends ~30 s (2 vCPUs) before its first "
+    "trial even on the tiny model; LATENCYLAB_TVM_TUNE_TEST=1 runs it",
+)
+def test_a_second_search_reuses_the_tuning_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from latencylab.errors import LatencyLabError
+
+    monkeypatch.setenv("LATENCYLAB_CACHE", str(tmp_path / "cache"))
+    one = BuildContext(adapter=TinyTextAdapter(lengths=(5,)), workdir=tmp_path / "a")
+    one.cache["tune_time_s"] = 2.0
+    first = {c.name: c for c in fam.candidates(one)}["tvm-relax-tuned"]
+    try:
+        runner = first.build(one)
+        for f in one.all_feeds():  # each static shape is compiled (and tuned) on first sight
+            runner.run(f)
+    except LatencyLabError as exc:
+        if "crashed" not in str(exc):
+            raise
+        # TVM 0.27.0.post1's MetaSchedule segfaults in TuneContext on some machines: the candidate fails with the
+        # reason, and the next search skips it at once, naming the marker file
+        assert (first.skip_reason(one) or "").startswith("MetaSchedule tuning crashed")
+        pytest.skip(f"MetaSchedule cannot tune on this machine: {exc}")
+    assert runner.stats["tuning_reused"] is False and runner.stats["tune_time_s"] >= 2.0
+    two = BuildContext(adapter=TinyTextAdapter(lengths=(5,)), workdir=tmp_path / "b")  # a fresh search
+    two.cache["tune_time_s"] = 2.0
+    again = {c.name: c for c in fam.candidates(two)}["tvm-relax-tuned"].build(two)
+    assert again.stats["tuning_reused"] is True
+    assert (
+        again.stats["tune_time_s"] == runner.stats["tune_time_s"] and again.stats["machine"] == runner.stats["machine"]
+    )

@@ -119,6 +119,27 @@ def test_a_worker_that_fell_behind_or_died_makes_the_run_invalid_and_is_named() 
     assert row["partial"] and row["valid"] is False and row["sent"] == 500
 
 
+def test_a_merged_run_late_only_by_its_workers_is_kept_by_the_capacity_searchs_late_rule() -> None:
+    # --find-capacity --ray --max-late F: a chunk whose only fault is a worker's late sends is kept up to F, as
+    # one host's is; a worker that died is never "late only"
+    from latencylab.load.capacity import Segment
+    from latencylab.load.results import LoadResult
+
+    recs = [_records(0, 2000), _records(1, 2000, late_share=0.05)]
+    good, behind = _part(0, recs[0]), _part(1, recs[1])
+
+    def segment(summary: dict) -> Segment:  # type: ignore[type-arg]
+        result = LoadResult({}, None, {}, summary, {}, (), {})
+        return Segment.from_run(200.0, result, _all(recs))
+
+    late, _ = merge_summary([good, behind], CFG, 200.0)
+    seg = segment(late)
+    assert not seg.valid and seg.late_only and 0.02 < seg.late_fraction < 0.03  # 5% of one worker's half
+    assert seg.usable(0.05) and not seg.usable(0.01)
+    died, _ = merge_summary([good, behind], CFG, 200.0, failures={0: "ActorDiedError after 2.0 s"})
+    assert not segment(died).late_only and not segment(died).usable(0.5)
+
+
 def test_timeline_and_records_merge_per_second() -> None:
     recs = [_records(i, 1500) for i in range(2)]
     parts = [_part(i, r, keep=True) for i, r in enumerate(recs)]

@@ -54,8 +54,10 @@ def served() -> Iterator[tuple[str, ReplicaOptions]]:
     c.add_node(num_cpus=1)
     ray.init(address=c.address, include_dashboard=False, log_to_driver=False, namespace="latencylab")
     # one CPU a replica, one CPU a node: the two replicas land on different nodes
-    opts = ReplicaOptions(replicas=2, num_cpus=1, port=free_port(), push_s=0.5,
-                          runtime_env={"env_vars": {"PYTHONPATH": TESTS}})  # fmt: skip
+    env = {"PYTHONPATH": TESTS}
+    # the retry of a shed request on (its Ray test is not done: docs/scale.md): every infer answer goes through it
+    opts = ReplicaOptions(replicas=2, num_cpus=1, port=free_port(), push_s=0.5, runtime_env={"env_vars": env},
+                          retry_shed=2)  # fmt: skip
     try:
         yield deploy(CFG, opts), opts
     finally:

@@ -14,10 +14,9 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from fake_variants import FakeVariant
+from fake_variants import admission_state
 from latencylab.clock import FakeClock
-from latencylab.serve.app import build_state, lifespan_app
-from latencylab.serve.config import ModelConfig, ServerConfig
+from latencylab.serve.app import lifespan_app
 from latencylab.serve.early import body_may_state_deadline
 
 URL = "/v2/models/fake/infer"
@@ -28,12 +27,7 @@ LONG = {"x-latencylab-deadline-ms": "1000"}
 
 @pytest.fixture
 def client() -> Iterator[tuple[TestClient, dict[str, float]]]:
-    clock = FakeClock()
-    model = ModelConfig(
-        name="fake", ladder=("fp32",), factory="fake_variants:make", slo_ms=30, default_deadline_ms=30,
-        admission_slack="off",
-    )  # fmt: skip
-    state = build_state(ServerConfig(models=(model,)), {"fake": [FakeVariant("fp32", 0.05, clock=clock)]}, clock=clock)
+    state = admission_state(FakeClock())
     with TestClient(lifespan_app(state)) as c:
         yield c, _counts(c)
 

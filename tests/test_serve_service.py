@@ -189,9 +189,11 @@ def test_requests_are_queued_with_start_plus_slo_as_their_target() -> None:
         seen: list[tuple[int, int | None, int]] = []
         real_submit = batcher.submit
 
-        def spy(item: object, deadline_ns: int, fut: object = None, target_ns: int | None = None) -> object:
+        def spy(
+            item: object, deadline_ns: int, fut: object = None, target_ns: int | None = None, aim_ns: int | None = None
+        ) -> object:
             seen.append((deadline_ns, target_ns, start))
-            return real_submit(item, deadline_ns, fut, target_ns)  # type: ignore[arg-type]
+            return real_submit(item, deadline_ns, fut, target_ns, aim_ns)  # type: ignore[arg-type]
 
         batcher.submit = spy  # type: ignore[method-assign]
         start = time.perf_counter_ns()

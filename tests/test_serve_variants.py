@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("PIL")
 pytest.importorskip("sklearn")
 
+from cache_seed import seeded  # noqa: E402
 from latencylab.errors import LatencyLabError  # noqa: E402
 from latencylab.serve.types import InferRequest, ProtocolError, Tensor, Variant  # noqa: E402
 from latencylab.serve.variants import build_variants  # noqa: E402
@@ -43,7 +44,7 @@ def text_variants() -> dict[str, TextVariant]:
 def vision_variants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VisionVariant]]:
     """The vision ladder, trained once (res 64 and res 32) into a private weights cache."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LATENCYLAB_CACHE", str(tmp_path_factory.mktemp("variants-cache")))
+        mp.setenv("LATENCYLAB_CACHE", str(seeded(tmp_path_factory.mktemp("variants-cache"))))
         vs = build_variants("vision", max_batch_size=8)
         assert all(isinstance(v, VisionVariant) for v in vs)
         yield {v.name: v for v in vs if isinstance(v, VisionVariant)}

@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ld.add_argument("--max-chunks", type=positive_int, default=8, help="capacity: chunks per step at most")
     ld.add_argument("--warmup", type=float, default=2.0, help="capacity: seconds left out at each chunk's start")
+    ld.add_argument(
+        "--search-warmup", type=float, default=5.0, help="capacity: seconds of one discarded run before the first step"
+    )
+    ld.add_argument(
+        "--max-late", type=fraction, default=0.01,
+        help="capacity: keep a chunk whose only fault is late sends (> 1 ms) up to this share of them",
+    )  # fmt: skip
     ld.add_argument("--repeat", type=positive_int, default=1, help="capacity: K searches; median and min-max")
     ld.add_argument("--precision", type=fraction, default=0.05, help="capacity bracket width (relative)")
     ld.add_argument("--token", help="bearer token sent as Authorization header")
@@ -162,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--time-budget", type=positive_float, default=600.0, help="seconds; later candidates skip")
     op.add_argument("--families", default="torch,onnxruntime", help="candidate families to try")
     op.add_argument("--only", help="comma-separated candidate names (besides the baseline)")
+    op.add_argument("--tune-time", type=float, default=0.0, help="seconds of TVM MetaSchedule tuning (0: off)")
     op.add_argument("--rounds", type=positive_int, default=None, help="interleaved timing rounds (10; gen: 2)")
     op.add_argument("--quick", action="store_true", help="gen: a small search (2 prompts, 8 tokens, 1 round) for tests")
     op.add_argument(

@@ -131,9 +131,12 @@ def build_gen_app(
 
     # -- OpenAI
 
-    def usage(stream: TokenStream) -> dict[str, int]:
+    def usage(stream: TokenStream) -> dict[str, Any]:
         p, c = stream.prompt_tokens, stream.completion_tokens
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        # OpenAI's field for prompt tokens a prompt cache held (here: the prefix cache, genserve/prefix.py)
+        cached = stream.seq.cached_tokens if stream.seq is not None else 0
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
 
     def openai_route(chat: bool) -> Any:
         parse = (lambda b: parse_chat(b, cfg.max_tokens_limit)) if chat else (
@@ -291,7 +294,8 @@ def build_gen_app(
                     return _oip_error(500, stream.error or "generation failed")
                 body = {"model_name": cfg.model_name, "model_version": "1", "text_output": text,
                         "finish_reason": stream.finish_reason, "prompt_tokens": stream.prompt_tokens,
-                        "completion_tokens": stream.completion_tokens, "latencylab": stream.label()}  # fmt: skip
+                        "completion_tokens": stream.completion_tokens, "latencylab": stream.label(),
+                        "cached_prompt_tokens": stream.seq.cached_tokens if stream.seq is not None else 0}  # fmt: skip
                 return Response(json.dumps(body), media_type=JSON, headers=stream.headers())
 
             return await refusal(request, False, run)

@@ -16,6 +16,10 @@ model's implicit positions; at its first decode step its cache joins the shared 
 (attention weight exactly 0), and RoPE positions come from each row's own length, so a row computes what it
 would alone, up to float summation order (the slow test checks greedy outputs token for token).
 
+A prefix cache (genserve/prefix.py; :meth:`TorchEngine.set_prefix`): a prompt that starts with the chat
+template's fixed prefix begins its own cache with a copy of the prefix's K/V and prefills only the rest
+(:meth:`TorchEngine.cached_prefix` tells the scheduler how many tokens that skips).
+
 Sampling per row: :func:`latencylab.workloads.gen_decode.pick` (greedy; temperature, top-p, with the
 sequence's own seeded ``torch.Generator``), so a seeded request draws the same tokens whatever else runs.
 """
@@ -61,13 +65,31 @@ class TorchEngine:
         self._cache: Any = None
         self._released: set[int] = set()  # rows whose sequences left (dropped at the next re-pack)
         self.repacks = 0
+        self.prefix: Any = None  # a PrefixKV (genserve/prefix.py), or None: no prefix cache
+
+    # -- the prefix cache ---------------------------------------------------------------------------------
+
+    def set_prefix(self, ids: Sequence[int]) -> None:
+        """Prefill ``ids`` once and reuse their K/V for every prompt that starts with them (empty: none)."""
+        from latencylab.genserve.prefix import PrefixKV
+
+        self.prefix = PrefixKV.build(self.model, ids, self._kwarg, self._new_cache) if ids else None
+
+    def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
+        """Leading prompt tokens whose K/V the prefix cache holds (a prefill may start there)."""
+        return 0 if self.prefix is None else self.prefix.match(prompt_ids)
 
     # -- prefill ------------------------------------------------------------------------------------------
 
     def prefill(self, seq: Seq, start: int, end: int) -> int | None:
         torch = self.torch
-        if start == 0:
+        if not isinstance(seq.engine_state, _Own):  # the sequence's first chunk
             seq.engine_state = _Own(self._new_cache())
+            if start:  # it starts after a cached prefix: its cache begins with a copy of the prefix's K/V
+                if self.prefix is None or self.prefix.match(seq.req.prompt_ids) < start:
+                    raise RuntimeError(f"sequence {seq.id}: prefill from {start} without that prefix cached")
+                self.prefix.seed(seq.engine_state.cache, start)
+                seq.engine_state.length = start
             if seq.req.sampling.seed is not None:
                 seq.generator = torch.Generator()
                 seq.generator.manual_seed(seq.req.sampling.seed)

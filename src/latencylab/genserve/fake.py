@@ -32,6 +32,7 @@ class FakeEngine:
         decode_ns_per_seq: int = 2_000_000,
         reply_len: Callable[[Seq], int] | None = None,
         eos: int = EOS,
+        prefix: tuple[int, ...] = (),
     ) -> None:
         self.clock = clock
         self.prefill_ns_per_token = prefill_ns_per_token
@@ -42,6 +43,13 @@ class FakeEngine:
         self.eos = eos
         self.calls: list[tuple[Any, ...]] = []  # ("prefill", id, start, end) | ("decode", (ids...)) | ("release", id)
         self.cached: dict[int, int] = {}  # seq id -> positions in its (fake) cache
+        self.prefix = prefix  # a prefix cache's tokens (genserve/prefix.py): a prompt starting with them skips them
+
+    def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
+        from latencylab.genserve.prefix import common_prefix
+
+        n = min(common_prefix(self.prefix, prompt_ids), len(prompt_ids) - 1)
+        return n if self.prefix and n == len(self.prefix) else 0
 
     def _spend(self, ns: int) -> None:
         if self.clock is not None:
@@ -54,8 +62,9 @@ class FakeEngine:
         return self.eos if k + 1 >= self.reply_len(s) else FIRST_TOKEN + k
 
     def prefill(self, seq: Seq, start: int, end: int) -> int | None:
-        if self.cached.get(seq.id, 0) != start:
-            raise AssertionError(f"seq {seq.id}: prefill from {start}, cache holds {self.cached.get(seq.id, 0)}")
+        have = self.cached.get(seq.id, self.cached_prefix(seq.req.prompt_ids))
+        if have != start:
+            raise AssertionError(f"seq {seq.id}: prefill from {start}, cache holds {have}")
         self.calls.append(("prefill", seq.id, start, end))
         self._spend(self.prefill_overhead_ns + self.prefill_ns_per_token * (end - start))
         self.cached[seq.id] = end

@@ -9,7 +9,10 @@ waiting ones join when a slot and the KV budget allow (first come first served).
 replays exactly that with :class:`~latencylab.genserve.cost.StepCosts`' predictions, so what the schedule does
 to a new request (chunked prefill behind a busy batch, the batch's decode steps in every one of its prefill
 steps, a slot that frees only when a reply ends) is counted as the scheduler will run it. The replay stops as
-soon as it passes ``horizon_s`` (past a deadline the exact figure does not matter).
+soon as it passes ``horizon_s`` (past a deadline the exact figure does not matter). With a
+:class:`~latencylab.genserve.budget.PrefillBudget` (the scheduler's TPOT-tied prefill budget) each replayed
+step's chunk budget is the one the scheduler would compute from the decoding sequences' TPOT slack, which the
+replay carries forward step by step.
 
 What the replay cannot know (the machine's noise, replies longer or shorter than expected, a cost model that
 lags the load) is measured afterwards: :class:`ForecastError` keeps the ratio of the actual to the forecast TTFT
@@ -25,6 +28,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from latencylab.genserve.budget import PrefillBudget
 from latencylab.genserve.cost import StepCosts
 
 __all__ = ["ForecastError", "Pending", "forecast_ttft_s"]
@@ -39,6 +43,7 @@ class Pending:
     kv_tokens: int
     decoding: bool = False  # its prefill ended in an earlier step: it is in the decode batch
     target: bool = False  # the request being forecast
+    slack_s: float = 0.0  # decoding: TPOT slack, target x (tokens - 1) - seconds since its first token (budget.py)
 
 
 def expected_output(costs: StepCosts, max_tokens: int) -> int:
@@ -57,11 +62,13 @@ def forecast_ttft_s(
     costs: StepCosts,
     horizon_s: float = math.inf,
     max_steps: int = 100_000,
+    budget: PrefillBudget | None = None,
 ) -> float:
     """Seconds until the first token of the ``target`` sequence in ``waiting`` (see the module docstring).
 
     ``running`` is the batch in join order, ``waiting`` the queue in order; the replay starts at a step's
-    start. Past ``horizon_s`` (or ``max_steps`` steps) it returns the time reached so far: a lower bound."""
+    start. Past ``horizon_s`` (or ``max_steps`` steps) it returns the time reached so far: a lower bound.
+    ``budget``: each step's prefill budget from the decoders' TPOT slack (else ``prefill_chunk_tokens``)."""
     run = list(running)
     queue = deque(waiting)
     kv = kv_reserved
@@ -71,29 +78,37 @@ def forecast_ttft_s(
             p = queue.popleft()
             kv += p.kv_tokens
             run.append(p)
-        budget = prefill_chunk_tokens
-        ended_prefill: list[Pending] = []
+        decoders = [p for p in run if p.decoding]
+        d = costs.decode_s(len(decoders))
+        left = prefill_chunk_tokens
+        if budget is not None:
+            slacks = ((p.slack_s, p.decode_left - 1) for p in decoders)
+            left = budget.tokens(slacks, d, budget.later_step_s(costs, max_num_seqs), costs)
+        t_start = t
+        ended_prefill: list[tuple[Pending, float]] = []  # with the time its first token was chosen
         for p in run:
-            if budget <= 0:
+            if left <= 0:
                 break
             if p.decoding or p.prefill_left <= 0:
                 continue
-            take = min(p.prefill_left, budget)
+            take = min(p.prefill_left, left)
             t += costs.prefill_s(take)
             p.prefill_left -= take
-            budget -= take
+            left -= take
             if p.prefill_left == 0:
-                ended_prefill.append(p)
-        decoders = [p for p in run if p.decoding]
-        t += costs.decode_s(len(decoders))
-        if any(p.target for p in ended_prefill):
+                ended_prefill.append((p, t))
+        t += d
+        if any(p.target for p, _ in ended_prefill):
             return t
         if t > horizon_s:
             return t
+        target_s = budget.target_s if budget is not None else 0.0
         for p in decoders:
             p.decode_left -= 1
-        for p in ended_prefill:
+            p.slack_s += target_s - (t - t_start)
+        for p, t_first in ended_prefill:
             p.decoding = True
+            p.slack_s = -(t - t_first)
         for p in [p for p in run if p.decoding and p.decode_left <= 0]:
             run.remove(p)
             kv -= p.kv_tokens

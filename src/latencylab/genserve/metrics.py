@@ -47,7 +47,14 @@ class GenMetrics:
             registry=r,
         )  # fmt: skip
         self.kv_used = Gauge("latencylab_gen_kv_used_tokens", "KV positions holding real tokens.", labels, registry=r)
-        self.tokens = Counter("latencylab_gen_tokens", "Tokens processed, by kind.", ["model", "kind"], registry=r)
+        self.tokens = Counter(
+            "latencylab_gen_tokens", "Tokens processed, by kind (prompt_cached: prompt tokens the prefix cache held).",
+            ["model", "kind"], registry=r,
+        )  # fmt: skip
+        self.prefix = Counter(
+            "latencylab_gen_prefix_cache_requests", "Requests whose prompt began with the cached prefix (hit) or not.",
+            ["model", "result"], registry=r,
+        )  # fmt: skip
         self.tokens_per_s = Gauge(
             "latencylab_gen_output_tokens_per_second",
             "Output tokens per second over the last 10 s.",
@@ -108,6 +115,9 @@ class GenMetrics:
         for s in rep.joined:
             if s.joined_ns is not None and not _shadow(s):
                 self.queue.labels(m).observe((s.joined_ns - s.arrival_ns) / 1e9)
+                self.prefix.labels(m, "hit" if s.cached_tokens else "miss").inc()
+                if s.cached_tokens:
+                    self.tokens.labels(m, "prompt_cached").inc(s.cached_tokens)
         for s in rep.finished:
             if not _shadow(s):
                 self.observe_finish(s)

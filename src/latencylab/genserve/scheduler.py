@@ -17,6 +17,13 @@ reads the time from an injected :class:`~latencylab.clock.Clock`. One :meth:`Sch
 A long prompt joining therefore costs the others at most one chunk's prefill per step instead of its whole
 prefill: their inter-token latency is bounded by ``decode(batch) + prefill(chunk)``.
 
+With ``tpot_slo_s`` set (the server sets its TPOT objective) the prefill budget of a step is tied to it
+(genserve/budget.py): the decoding sequences' TPOT slack decides how many prompt tokens the step may take
+(between ``min_prefill_tokens`` and ``max_prefill_tokens``; with nothing decoding, ``max_prefill_tokens``: a lone
+prompt in one forward), and the batch grows only while the learnt decode step of the larger batch stays
+within the planned TPOT (``tpot_target_fraction`` of the objective), so the admitted set cannot imply a
+decode step over it. Admission's replay runs the same two rules.
+
 Admission (:meth:`Scheduler.submit`) forecasts the new sequence's TTFT by replaying this policy step by step
 on the costs learnt so far (genserve/forecast.py, :class:`~latencylab.genserve.cost.StepCosts`: seeded at
 warm-up, then an EWMA of every step): the rest of the step in progress, then every step until its prompt's last
@@ -33,6 +40,7 @@ from one worker thread. A lock guards the queues; the engine runs outside it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections import deque
@@ -41,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from latencylab.clock import Clock, PerfCounterClock
+from latencylab.genserve.budget import PrefillBudget
 from latencylab.genserve.cost import StepCosts
 from latencylab.genserve.forecast import ForecastError, Pending, expected_output, forecast_ttft_s
 from latencylab.serve.admission import Shed
@@ -71,6 +80,19 @@ class SchedulerConfig:
     # every admitted request is planned at the boundary, so the plan must sit below the deadline for the p99 to
     ttft_target_fraction: float = 0.9
     forecast_quantile: float = 0.9  # the quantile of recent forecast errors (actual / forecast) admission scales by
+    # the TPOT objective (s): when set, a step's prefill budget follows the decoders' TPOT slack and the batch
+    # grows only while its decode step fits (genserve/budget.py); None: a fixed prefill_chunk_tokens a step
+    tpot_slo_s: float | None = None
+    tpot_target_fraction: float = 0.9  # steps plan for this fraction of the TPOT objective
+    min_prefill_tokens: int = 16  # with tpot_slo_s: a step's prefill budget, at least (every prompt moves)
+    max_prefill_tokens: int = 1024  # with tpot_slo_s: at most (and with nothing decoding: a prompt in one forward)
+    # with tpot_slo_s: the TPOT margin. Steps plan for the target divided by the recent error of that plan (the
+    # tpot_quantile of actual TPOT / planned TPOT over replies that used at least half of their plan), at most
+    # tpot_max_scale: what the cost model does not see (work between steps, a costlier chunk) is learnt, and the
+    # plan moves down until the replies' TPOT sits at the target again. 1.0 (the default): no margin beyond the
+    # target; measured at 2x overload with 1.5 it over-reacted (docs/benchmarks/generative.md, "Session 13")
+    tpot_quantile: float = 0.9
+    tpot_max_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -85,6 +107,27 @@ class SchedulerConfig:
             raise ValueError(f"ttft_target_fraction must be in (0, 1], got {self.ttft_target_fraction}")
         if not 0 < self.forecast_quantile <= 1:
             raise ValueError(f"forecast_quantile must be in (0, 1], got {self.forecast_quantile}")
+        if self.tpot_slo_s is not None and self.tpot_slo_s <= 0:
+            raise ValueError(f"tpot_slo_s must be > 0, got {self.tpot_slo_s}")
+        if not 0 < self.tpot_target_fraction <= 1:
+            raise ValueError(f"tpot_target_fraction must be in (0, 1], got {self.tpot_target_fraction}")
+        if self.tpot_max_scale < 1 or not 0 < self.tpot_quantile <= 1:
+            raise ValueError(
+                f"need tpot_max_scale >= 1 and 0 < tpot_quantile <= 1, got {self.tpot_max_scale}, {self.tpot_quantile}"
+            )
+        if not 1 <= self.min_prefill_tokens <= self.max_prefill_tokens:
+            raise ValueError(
+                f"need 1 <= min_prefill_tokens <= max_prefill_tokens, got {self.min_prefill_tokens}, "
+                f"{self.max_prefill_tokens}"
+            )
+
+    def prefill_budget(self) -> PrefillBudget | None:
+        """The TPOT-tied prefill budget (None without ``tpot_slo_s``: a fixed chunk a step)."""
+        if self.tpot_slo_s is None:
+            return None
+        return PrefillBudget(
+            self.tpot_slo_s * self.tpot_target_fraction, self.min_prefill_tokens, self.max_prefill_tokens
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +168,7 @@ class Seq:
     arrival_ns: int
     tokens: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in the cache
+    cached_tokens: int = 0  # of them, the engine's prefix cache held at admission (never prefilled here)
     state: str = "waiting"  # waiting -> prefill -> decode -> finished
     joined_ns: int | None = None  # entered the running batch
     first_token_ns: int | None = None
@@ -158,6 +202,9 @@ class Engine(Protocol):
 
     def release(self, seq: Seq) -> None:
         """Free ``seq``'s cache (it has left the batch)."""
+
+    # optional: ``cached_prefix(prompt_ids) -> int``, the leading prompt tokens a prefix cache holds (the
+    # sequence's prefill then starts there: genserve/prefix.py); an engine without it has none
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +241,10 @@ class Scheduler:
         self.clock = clock or PerfCounterClock()
         self.now_ns = now_reader(self.clock)
         self.costs = costs or StepCosts()
+        self.planned = self.cfg.prefill_budget()  # the TPOT plan as configured
+        self.budget = self.planned  # ... and as steps use it now: the target over tpot_error's scale
+        # actual / planned TPOT of replies near their plan (the TPOT margin; SchedulerConfig.tpot_quantile)
+        self.tpot_error = ForecastError(self.cfg.tpot_quantile, max_scale=self.cfg.tpot_max_scale)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self.waiting: deque[Seq] = deque()
@@ -218,6 +269,7 @@ class Scheduler:
                 f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) needs {req.kv_tokens} KV "
                 f"positions, more than the server's KV budget of {self.cfg.kv_budget_tokens}"
             )
+        hit = self.cached_prefix(req)
         with self._lock:
             now = self.now_ns() if now is None else now
             if len(self.waiting) >= self.cfg.max_waiting:
@@ -234,6 +286,7 @@ class Scheduler:
                 if self.forecast_error.is_near(planned, allowed_s):
                     forecast = raw
             seq = Seq(next(self._ids), req, now, user=user, forecast_s=forecast)
+            seq.prefilled = seq.cached_tokens = hit
             self.waiting.append(seq)
             self.work.notify_all()
         return seq
@@ -264,6 +317,11 @@ class Scheduler:
                 self.work.wait(timeout_s)
             return bool(self.waiting or self.running or self._cancelled)
 
+    def cached_prefix(self, req: GenRequest) -> int:
+        """Leading prompt tokens of ``req`` the engine's prefix cache holds (0 without one)."""
+        ask = getattr(self.engine, "cached_prefix", None)
+        return 0 if ask is None else min(int(ask(req.prompt_ids)), len(req.prompt_ids) - 1)
+
     def predicted_ttft_s(self, req: GenRequest) -> float:
         with self._lock:
             return self._predicted_ttft_s(req)
@@ -274,25 +332,54 @@ class Scheduler:
 
     # -- admission's prediction (under the lock) ----------------------------------------------------------
 
-    def _pending(self, s: Seq, target: bool = False) -> Pending:
+    def _pending(self, s: Seq, at_ns: int, target: bool = False) -> Pending:
         expected = expected_output(self.costs, s.req.max_tokens)
         if s.state == "decode":
-            return Pending(0, max(1, expected - len(s.tokens)), s.req.kv_tokens, decoding=True)
+            return Pending(0, max(1, expected - len(s.tokens)), s.req.kv_tokens, decoding=True,
+                           slack_s=self._slack_s(s, at_ns))  # fmt: skip
         return Pending(s.prompt_len - s.prefilled, expected - 1, s.req.kv_tokens, target=target)
+
+    def _slack_s(self, s: Seq, at_ns: int) -> float:
+        """``s``'s TPOT slack at ``at_ns`` (genserve/budget.py); 0 without a budget."""
+        if self.budget is None or not s.token_ns:
+            return 0.0
+        return self.budget.target_s * (len(s.tokens) - 1) - (at_ns - s.token_ns[0]) / 1e9
+
+    def max_batch(self) -> int:
+        """The largest running batch: ``max_num_seqs``, and with a TPOT budget only as many sequences as the
+        learnt decode step keeps within the planned TPOT (at least one)."""
+        n = self.cfg.max_num_seqs
+        if self.budget is None or not self.costs.decode.by_size:
+            return n
+        while n > 1 and self.costs.decode_s(n) > self.budget.target_s:
+            n -= 1
+        return n
+
+    def _step_budget(self, decoding: list[Seq], now: int) -> int:
+        """This step's prefill budget in tokens (fixed, or from the decoders' TPOT slack)."""
+        if self.budget is None:
+            return self.cfg.prefill_chunk_tokens
+        costs = self.costs
+        more = (expected_output(costs, s.req.max_tokens) - len(s.tokens) - 1 for s in decoding)
+        slack = (self._slack_s(s, now) for s in decoding)
+        full = self.budget.later_step_s(costs, self.max_batch())
+        return self.budget.tokens(zip(slack, more, strict=True), costs.decode_s(len(decoding)), full, costs)
 
     def _predicted_ttft_s(self, req: GenRequest, now: int | None = None, horizon_s: float = float("inf")) -> float:
         """Seconds from ``now`` to ``req``'s first token if queued now (genserve/forecast.py)."""
         now = self.now_ns() if now is None else now
         rest_s = 0.0 if self._step_eta_ns is None else max(0, self._step_eta_ns - now) / 1e9
-        running = [self._pending(s) for s in self.running if not (s.finished or s.cancel_reason)]
-        waiting = [self._pending(s) for s in self.waiting]
+        at = now + int(rest_s * 1e9)
+        running = [self._pending(s, at) for s in self.running if not (s.finished or s.cancel_reason)]
+        waiting = [self._pending(s, at) for s in self.waiting]
         expected = expected_output(self.costs, req.max_tokens)
-        waiting.append(Pending(len(req.prompt_ids), expected - 1, req.kv_tokens, target=True))
+        prompt = len(req.prompt_ids) - self.cached_prefix(req)  # a cached prefix is no prefill work
+        waiting.append(Pending(prompt, expected - 1, req.kv_tokens, target=True))
         cfg = self.cfg
         return rest_s + forecast_ttft_s(
-            running, waiting, sum(p.kv_tokens for p in running), max_num_seqs=cfg.max_num_seqs,
+            running, waiting, sum(p.kv_tokens for p in running), max_num_seqs=self.max_batch(),
             kv_budget_tokens=cfg.kv_budget_tokens, prefill_chunk_tokens=cfg.prefill_chunk_tokens, costs=self.costs,
-            horizon_s=horizon_s - rest_s,
+            horizon_s=horizon_s - rest_s, budget=self.budget,
         )  # fmt: skip
 
     # -- the worker's side ----------------------------------------------------------------------------------
@@ -301,11 +388,13 @@ class Scheduler:
         """One iteration (see the module docstring); None when there was nothing to do."""
         start = self.now_ns()
         with self._lock:
+            self._retarget(start)
             cancelled = self._apply_cancellations(start)
             joined = self._admit(start)
             prefilling = [s for s in self.running if s.state == "prefill"]
             decoding = [s for s in self.running if s.state == "decode"]
-            self._step_eta_ns = start + int(self._step_cost_s(prefilling, len(decoding)) * 1e9)
+            budget = self._step_budget(decoding, start)
+            self._step_eta_ns = start + int(self._step_cost_s(prefilling, len(decoding), budget) * 1e9)
         for s in cancelled:
             self.engine.release(s)
         if not (prefilling or decoding or cancelled):
@@ -314,7 +403,6 @@ class Scheduler:
         ended: list[Seq] = []  # finished by this step's tokens
         tokens: list[tuple[Seq, int]] = []
         # prefill: the oldest sequences first, up to the token budget
-        budget = self.cfg.prefill_chunk_tokens
         t0 = self.now_ns()
         prefill_tokens = 0
         for s in prefilling:
@@ -359,14 +447,31 @@ class Scheduler:
         for s in ended:
             self.engine.release(s)
             self.costs.observe_finish(len(s.tokens), s.req.max_tokens)
+            self._observe_tpot(s)
         return StepReport(
             start, t2, prefill_tokens, t1 - t0, len(live), t2 - t1, tuple(tokens), (*cancelled, *ended), tuple(joined),
             running, waiting, reserved, self.kv_used,
         )  # fmt: skip
 
-    def _step_cost_s(self, prefilling: list[Seq], decode_batch: int) -> float:
-        """The predicted cost of a step that prefills ``prefilling`` (a chunk budget) and decodes a batch."""
-        budget, total = self.cfg.prefill_chunk_tokens, self.costs.decode_s(decode_batch)
+    def _observe_tpot(self, s: Seq) -> None:
+        """A finished reply's TPOT against the plan in force at its end (the TPOT margin's evidence)."""
+        if self.budget is None or len(s.token_ns) < 3 or s.finish_reason not in ("stop", "length"):
+            return
+        tpot = (s.token_ns[-1] - s.token_ns[0]) / (len(s.token_ns) - 1) / 1e9
+        if self.tpot_error.is_near(tpot, self.budget.target_s):
+            self.tpot_error.observe(s.token_ns[-1], self.budget.target_s, tpot)
+
+    def _retarget(self, now: int) -> None:
+        """The plan steps use now: the configured target over the TPOT plan's recent error (at least 1)."""
+        if self.planned is None:
+            return
+        scale = self.tpot_error.scale(now)
+        if scale != self.planned.target_s / self.budget.target_s:  # type: ignore[union-attr]
+            self.budget = dataclasses.replace(self.planned, target_s=self.planned.target_s / scale)
+
+    def _step_cost_s(self, prefilling: list[Seq], decode_batch: int, budget: int) -> float:
+        """The predicted cost of a step that prefills ``prefilling`` (``budget`` tokens) and decodes a batch."""
+        total = self.costs.decode_s(decode_batch)
         for s in prefilling:
             if budget <= 0:
                 break
@@ -392,7 +497,8 @@ class Scheduler:
     def _admit(self, now: int) -> list[Seq]:
         joined = []
         cfg = self.cfg
-        while self.waiting and len(self.running) < cfg.max_num_seqs:
+        limit = self.max_batch()
+        while self.waiting and len(self.running) < limit:
             head = self.waiting[0]
             if self.kv_reserved + head.req.kv_tokens > cfg.kv_budget_tokens:
                 break  # first come first served: the head waits for room, nothing overtakes it

@@ -28,7 +28,10 @@ ENGINES = ("fp32", "int8")  # the model rungs build_service can make for SmolLM2
 
 def config_from_args(args: argparse.Namespace) -> GenServeConfig:
     """``serve --model gen`` flags: --max-batch-size is max_num_seqs, --slo-ms the TTFT deadline (ms)."""
-    sched = SchedulerConfig(max_num_seqs=getattr(args, "max_batch_size", None) or 8)
+    # the CLI's server ties each step's prefill budget and the batch size to its TPOT objective (scheduler.py)
+    sched = SchedulerConfig(
+        max_num_seqs=getattr(args, "max_batch_size", None) or 8, tpot_slo_s=GenServeConfig().tpot_slo_s
+    )
     over: dict[str, Any] = {"sched": sched}
     for key, attr in (("host", "host"), ("port", "port"), ("token_env", "token_env"), ("threads", "threads"),
                       ("otlp_endpoint", "otlp_endpoint")):  # fmt: skip
@@ -78,9 +81,16 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
         engines["int8"] = quantize_int8(lm.model, cfg.int8_method)
     top = cfg.ladder[0]
     standby = {name: TorchEngine(m) for name, m in engines.items() if name != top and name in cfg.ladder}
-    svc = GenService(
-        cfg, HfCodec(lm.tokenizer), TorchEngine(engines[top]), eos_ids(lm.tokenizer, lm.model), standby=standby
-    )
+    main = TorchEngine(engines[top])
+    codec = HfCodec(lm.tokenizer)
+    if cfg.prefix_cache:  # the chat template's fixed prefix, prefilled once per model rung (genserve/prefix.py)
+        from latencylab.genserve.prefix import chat_prefix
+
+        prefix = chat_prefix(codec.encode_chat)
+        for engine in (main, *standby.values()):
+            engine.set_prefix(prefix)
+        log.info("prefix cache: %d tokens of the chat template prefilled once per model rung", len(prefix))
+    svc = GenService(cfg, codec, main, eos_ids(lm.tokenizer, lm.model), standby=standby)
     svc.info["fp32"] = {"description": "the FP32 model"}
     if "int8" in engines:
         svc.info["int8"] = {"description": f"INT8 copy of every nn.Linear ({cfg.int8_method}: genserve/int8.py)"}

@@ -78,6 +78,7 @@ class GenServeConfig:
     cache_ttl_s: float = 300.0  # fresh for this long, then stale (still served on the cache rung) for 10x
     int8_method: str = "dynamic"  # how the int8 rung is made (genserve/int8.py): "dynamic" or "weight"
     int8_fidelity: bool = True  # show the int8 rung's stored fidelity (python -m latencylab.genserve.int8)
+    prefix_cache: bool = True  # prefill the chat template's fixed prefix once, reuse its K/V (genserve/prefix.py)
     otlp_endpoint: str | None = None  # export a span per request (OTLP/HTTP), e.g. http://127.0.0.1:4318/v1/traces
 
 

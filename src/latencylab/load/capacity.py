@@ -16,7 +16,12 @@ reproducible: repeated on the same machine and code its answer should move by a 
   intended send time agree (requests sharing a queue are not independent: one burst puts ten over together,
   which a binomial alone counts as ten witnesses). Pass when both tests pass; fail when either fails;
   otherwise *undecided*, and the step is extended by another chunk, up to ``max_chunks``; a step still
-  undecided then is judged on its point estimates, and says so.
+  undecided then is judged on its point estimates, and says so. A chunk the abort rule stopped (the SLO
+  violated with confidence mid-chunk) fails its step at once only above ``early_stop_decisive`` x the
+  highest passing rate; inside the bisection it is one observation among the step's chunks (a burst in one
+  chunk failed a step 5% above the capacity another search found, issue 22), and a second one fails it.
+* **Steps independent of the path.** ``cooldown_s`` of idle before each step lets a server's adaptive
+  state (a learned admission margin, its slack) relax from the step before, which may have been at 2x.
 * **Bracket, then bisect.** From ``start_rate`` the rate doubles until a step fails (halves until one passes),
   then the interval between the last passing and the first failing rate is bisected until it is within
   ``precision``.
@@ -30,7 +35,9 @@ The older single-run steps (``grid_capacity``, ``find_capacity``) are in ``laten
 from __future__ import annotations
 
 import math
+import re
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +57,9 @@ class Capacity:
     goodput: float | None  # best goodput among passing steps
     steps: tuple[dict[str, Any], ...]  # the latency-vs-throughput curve, in the order run
     reason: str
+    # True when the bracket's upper end is a rate the load generator could not keep (an invalid step, not a
+    # failure of the server): ``capacity_rate`` is then only a lower bound
+    generator_bound: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +67,7 @@ class Capacity:
             "capacity_rate": self.capacity_rate,
             "goodput": self.goodput,
             "reason": self.reason,
+            "generator_bound": self.generator_bound,
             "steps": list(self.steps),
         }
 
@@ -72,6 +83,12 @@ def step_seed(seed: int, rate: float) -> int:
 
 
 # -- the reproducible search ---------------------------------------------------------------------------------
+
+
+def _generator_reason(reason: str) -> str:
+    """An invalid reason without a distributed run's ``worker N (node): `` prefix (scaleout.merge)."""
+    m = re.match(r"worker \d+ \([^)]*\): ", reason)
+    return reason[m.end() :] if m else reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +115,7 @@ class Segment:
         return cls(
             rate, rec.intended_ns, rec.done_ns, rec.outcome, bool(s.get("valid", False)), "; ".join(reasons),
             str(s.get("stopped_early") or ""), float(s.get("late_fraction") or 0.0),
-            bool(reasons) and all(r.startswith("generator fell behind") for r in reasons),
+            bool(reasons) and all(_generator_reason(r).startswith("generator fell behind") for r in reasons),
         )  # fmt: skip
 
     def usable(self, max_late_fraction: float) -> bool:
@@ -134,6 +151,14 @@ class SearchConfig:
     # the 1% rule of a single load test rejects most chunks; 0.01 keeps that rule
     max_late_fraction: float = 0.01
     early_stop: bool = True  # abort a chunk once the SLO is violated with confidence (early_stop.EarlyStop)
+    # An early-stopped chunk fails its step alone only where the step is clearly above what passed: above
+    # early_stop_decisive x the highest passing rate (or with nothing passed yet). Inside the bisection, one chunk's
+    # burst is one observation: pooled, the step goes on, and a second early stop there fails it.
+    early_stop_decisive: float = 1.25
+    # idle seconds before each step after the first: the server's adaptive state (a learned admission margin, its
+    # slack, its queue estimates) relaxes from the step before, so a step's verdict does not depend on the path
+    # the bisection took to it (after a 2x-overloaded step, a learned margin at its ceiling sheds the next one)
+    cooldown_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.start_rate > 0 and self.max_rate >= self.start_rate):
@@ -144,6 +169,8 @@ class SearchConfig:
             raise ValueError("need chunk_s > warmup_s >= 0 and search_warmup_s >= 0")
         if not MIN_BLOCKS <= self.min_chunks <= self.max_chunks:
             raise ValueError(f"need {MIN_BLOCKS} <= min_chunks <= max_chunks")
+        if self.early_stop_decisive < 1 or self.cooldown_s < 0:
+            raise ValueError("need early_stop_decisive >= 1 and cooldown_s >= 0")
         if self.max_steps < 1 or self.invalid_retries < 0:
             raise ValueError("max_chunks and max_steps >= 1, invalid_retries >= 0")
 
@@ -249,8 +276,8 @@ def _judge(pool: _Pool, slo: Slo, cfg: SearchConfig, final: bool) -> tuple[str, 
         "throughput_ok": ok / pool.measured_s if pool.measured_s else None,
         "goodput": (ok - late) / pool.measured_s if pool.measured_s else None,
     }
-    if sent == 0:
-        return "fail", False, "no request measured", figures
+    if sent == 0:  # not final: only an early-stopped chunk that ended in its warm-up (the step goes on)
+        return ("fail" if final else "undecided"), False, "no request measured", figures
     if pool.chunks < cfg.min_chunks and not final:
         return "undecided", False, f"{pool.chunks} of at least {cfg.min_chunks} chunks", figures
     lat_v = decide(ok, late, pool.block_ok, pool.block_late, 1.0 - slo.q, alpha) if ok else "fail"
@@ -292,12 +319,18 @@ def measure_step(
     cfg: SearchConfig,
     seed: int,
     on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    early_stop_decides: bool = True,
 ) -> dict[str, Any]:
-    """One step of ``search_capacity``: chunks at ``rate`` until the stopping rule decides (module docstring)."""
+    """One step of ``search_capacity``: chunks at ``rate`` until the stopping rule decides (module docstring).
+
+    ``early_stop_decides`` False (a step inside the bisection, ``SearchConfig.early_stop_decisive``): a chunk the
+    abort rule stopped is pooled like any other (up to where it stopped) and the step goes on; a second one fails
+    it."""
     pool = _Pool(slo.threshold_ns)
     verdict, passed, why = "undecided", False, ""
     figures: dict[str, Any] = {}
     chunk = 0
+    early_stops = 0
     while pool.chunks < cfg.max_chunks:
         seg: Segment | None = None
         for _attempt in range(cfg.invalid_retries + 1):
@@ -315,9 +348,11 @@ def measure_step(
             verdict, passed, why = "invalid", False, f"invalid run {cfg.invalid_retries + 1} times: {seg.why_invalid}"
             break
         pool.add(seg, cfg.warmup_s, cfg.chunk_s)
-        if seg.stopped_early:
+        early_stops += bool(seg.stopped_early)
+        if seg.stopped_early and (early_stop_decides or early_stops >= 2):
             _, _, _, figures = _judge(pool, slo, cfg, True)
-            verdict, passed, why = "fail", False, seg.stopped_early
+            twice = "" if early_stop_decides else f" (early stop {early_stops} times)"
+            verdict, passed, why = "fail", False, seg.stopped_early + twice
             break
         verdict, passed, why, figures = _judge(pool, slo, cfg, pool.chunks >= cfg.max_chunks)
         if on_chunk is not None:
@@ -330,6 +365,7 @@ def measure_step(
         "chunks": pool.chunks,
         "invalid_chunks": pool.invalid,
         "late_chunks_kept": pool.late_kept,
+        "early_stops": early_stops,
         "verdict": verdict,
         "passed": passed,
         "why": why,
@@ -337,11 +373,22 @@ def measure_step(
 
 
 def _bracket(steps: Sequence[dict[str, Any]]) -> tuple[float | None, float | None]:
-    """(highest passing rate, lowest failing rate above it) of the steps so far."""
+    """(highest passing rate, lowest failing rate above it) of the steps so far. An invalid step (the generator
+    fell behind) is no failure of the server: it is not the bracket's end (``_generator_ceiling``)."""
     passing = [s["offered_rate"] for s in steps if s["passed"]]
     lo = max(passing) if passing else None
-    failing = [s["offered_rate"] for s in steps if not s["passed"] and (lo is None or s["offered_rate"] > lo)]
+    failing = [
+        s["offered_rate"]
+        for s in steps
+        if not s["passed"] and s["verdict"] != "invalid" and (lo is None or s["offered_rate"] > lo)
+    ]
     return lo, (min(failing) if failing else None)
+
+
+def _generator_ceiling(steps: Sequence[dict[str, Any]], lo: float | None) -> dict[str, Any] | None:
+    """The lowest invalid step above ``lo``: a rate the load generator could not keep, so nothing is known there."""
+    bad = [s for s in steps if s["verdict"] == "invalid" and (lo is None or s["offered_rate"] > lo)]
+    return min(bad, key=lambda s: s["offered_rate"]) if bad else None
 
 
 def search_capacity(
@@ -351,8 +398,10 @@ def search_capacity(
     seed: int = 0,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Capacity:
-    """The capacity at ``slo``: warm-up, then bracket and bisect with statistically judged steps (module docstring)."""
+    """The capacity at ``slo``: warm-up, then bracket and bisect with statistically judged steps (module docstring).
+    ``sleep`` waits out ``cfg.cooldown_s`` between steps (a test passes a fake one)."""
     import scipy.stats  # noqa: F401 - imported now, not in the middle of the first timed step
 
     cfg = cfg or SearchConfig()
@@ -363,8 +412,13 @@ def search_capacity(
     rate = cfg.start_rate
     reason = f"stopped after {cfg.max_steps} steps"
     decided_fail = False  # the bracket's end: only a decided failure stops the doubling
+    generator_bound = False
     for _ in range(cfg.max_steps):
-        step = measure_step(measure, rate, slo, cfg, seed, on_chunk)
+        if steps and cfg.cooldown_s > 0:
+            sleep(cfg.cooldown_s)
+        lo, _ = _bracket(steps)
+        decisive = lo is None or rate > cfg.early_stop_decisive * lo
+        step = measure_step(measure, rate, slo, cfg, seed, on_chunk, decisive)
         steps.append(step)
         if on_step is not None:
             on_step(step)
@@ -376,6 +430,9 @@ def search_capacity(
             # an invalid step ends the doubling too: above a rate the generator cannot keep, none can be measured
             decided_fail = decided_fail or step["verdict"] in ("fail", "invalid")
         lo, hi = _bracket(steps)
+        gen = _generator_ceiling(steps, lo)
+        # the bracket's upper end: a decided failure, or a rate the generator could not keep, whichever is lower
+        top = hi if gen is None or (hi is not None and hi <= gen["offered_rate"]) else gen["offered_rate"]
         if not decided_fail:
             # An undecided step judged a failure on its point estimates (a low rate, too few requests to certify
             # the quantile) does not end the doubling: one unlucky sample there would cap the whole search.
@@ -385,18 +442,31 @@ def search_capacity(
             rate = min(rate * 2, cfg.max_rate)
             continue
         if lo is None:
-            assert hi is not None
-            if hi <= cfg.start_rate / 64:
+            assert top is not None
+            if top <= cfg.start_rate / 64:
                 reason = "fails even at the lowest rate tried"
+                if top != hi and gen is not None:
+                    generator_bound = True
+                    reason = f"the load generator fell behind even at {top:g}/s: nothing measured ({gen['why']})"
                 break
-            rate = hi / 2
+            rate = top / 2
             continue
-        if hi is None or hi / lo - 1 <= cfg.precision:
-            reason = f"bracketed within {cfg.precision:.0%}: passes at {lo:g}/s, fails at {hi:g}/s"
+        if top is None:
+            reason = f"passes at {lo:g}/s; no failure above it"
             break
-        rate = (lo + hi) / 2
+        if top / lo - 1 <= cfg.precision:
+            if gen is not None and top == gen["offered_rate"] and top != hi:
+                generator_bound = True
+                reason = (
+                    f"passes at {lo:g}/s; the load generator fell behind at {top:g}/s, so the server was not "
+                    f"measured there: the capacity is at least {lo:g}/s (a lower bound; {gen['why']})"
+                )
+            else:
+                reason = f"bracketed within {cfg.precision:.0%}: passes at {lo:g}/s, fails at {top:g}/s"
+            break
+        rate = (lo + top) / 2
     lo, _ = _bracket(steps)
-    return Capacity(slo.describe(), lo, best_goodput, tuple(steps), reason)
+    return Capacity(slo.describe(), lo, best_goodput, tuple(steps), reason, generator_bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,6 +485,11 @@ class CapacitySpread:
         return statistics.median(self.rates) if self.rates else None
 
     @property
+    def generator_bound(self) -> bool:
+        """Some search's answer is only a lower bound: the load generator fell behind above it."""
+        return any(c.generator_bound for c in self.searches)
+
+    @property
     def goodput(self) -> float | None:
         g = [c.goodput for c in self.searches if c.goodput is not None]
         return statistics.median(g) if g else None
@@ -431,13 +506,14 @@ class CapacitySpread:
         r = self.rates
         if not r:
             return f"no capacity found in {len(self.searches)} searches"
+        bound = " (at least: the load generator fell behind above it)" if self.generator_bound else ""
         if len(self.searches) == 1:
-            return f"{r[0]:.1f}/s"
+            return f"{r[0]:.1f}/s{bound}"
         missing = len(self.searches) - len(r)
         extra = f"; {missing} searches found none" if missing else ""
         return (
             f"median {self.median:.1f}/s over {len(self.searches)} searches, min-max {min(r):.1f}-{max(r):.1f}/s, "
-            f"spread +/-{(self.spread or 0.0):.1%}{extra}"
+            f"spread +/-{(self.spread or 0.0):.1%}{extra}{bound}"
         )
 
     def result_doc(self, search: SearchConfig, env: Any, **summary: Any) -> dict[str, Any]:
@@ -456,6 +532,7 @@ class CapacitySpread:
                 "max": max(self.rates, default=None),
                 "spread": self.spread,
                 "repeat": len(self.searches),
+                "generator_bound": self.generator_bound,
             },
             "capacity": {**first.to_dict(), "capacity_rate": self.median, "goodput": self.goodput},
             "repeats": self.to_dict(),
@@ -473,6 +550,7 @@ class CapacitySpread:
             "max": max(r) if r else None,
             "spread": self.spread,
             "rates": [c.capacity_rate for c in self.searches],
+            "generator_bound": self.generator_bound,
             "searches": [c.to_dict() for c in self.searches],
         }
 

@@ -56,6 +56,8 @@ class LoadOptions:
     step_duration: float = 8.0
     max_chunks: int = 8
     warmup: float = 2.0
+    search_warmup: float = 5.0
+    max_late: float = 0.01
     repeat: int = 1
     precision: float = 0.05
     token: str | None = None
@@ -238,7 +240,8 @@ def _find_capacity(
         search = SearchConfig(
             start_rate=opts.start_rate, max_rate=opts.max_rate, precision=opts.precision,
             chunk_s=opts.step_duration, max_chunks=max(opts.max_chunks, 3), warmup_s=opts.warmup,
-            confidence=opts.confidence,
+            confidence=opts.confidence, search_warmup_s=opts.search_warmup,
+            max_late_fraction=opts.max_late,
         )  # fmt: skip
     except ValueError as exc:
         raise LatencyLabError(f"--find-capacity: {exc}") from exc

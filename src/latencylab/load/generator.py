@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import os
 import resource
@@ -57,6 +58,8 @@ from typing import Any
 
 import numpy as np
 
+from latencylab import gcpause
+from latencylab.clock import wall_offset_ns
 from latencylab.errors import LatencyLabError
 from latencylab.load.arrivals import ArrivalProcess
 from latencylab.load.early_stop import Progress
@@ -159,6 +162,8 @@ class RunStats:
     spin: str = ""  # the spin mode asked for ("" for closed loop: sends follow completions)
     spun: int = 0  # open-loop sends whose wait ended in a busy-wait
     other_cpu_cores: float | None = None  # mean other work on the generator's cores (per 0.5-s window), in cores
+    gc_pauses: int = 0  # garbage collections in the generator's process during the run (latencylab.gcpause)
+    gc_pause_max_ms: float = 0.0  # the longest of them: every send due meanwhile went out late
 
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -358,19 +363,6 @@ class _Run:
             retry_after=list(self.retry_after),
             traces=None if self.traces is None else [t if t is None else t.shifted(self.t0) for t in self.traces],
         )
-
-
-def wall_offset_ns(tries: int = 5) -> int:
-    """unix time (``time.time_ns``) minus ``perf_counter_ns``, from the tightest of a few paired reads."""
-    best: tuple[int, int] | None = None
-    for _ in range(tries):
-        a = time.perf_counter_ns()
-        wall = time.time_ns()
-        b = time.perf_counter_ns()
-        if best is None or b - a < best[0]:
-            best = (b - a, wall - (a + b) // 2)
-    assert best is not None
-    return best[1]
 
 
 async def _progress_task(run: _Run, progress: ProgressFn, every_s: float = 0.25) -> None:
@@ -588,6 +580,12 @@ def run_load(
 ) -> tuple[Records, RunStats]:
     """Synchronous wrapper: runs ``generate`` on a fresh event loop (uvloop when installed)."""
     coro = generate(url, path, payloads, arrivals, cfg, seed, progress, slo_ns, abort_when, stream, start_at_ns, live)
+    with gcpause.frozen(), gcpause.PauseMeter() as gc_meter:  # no full collection of the process mid-run
+        rec, stats = _run_coro(coro)
+    return rec, dataclasses.replace(stats, gc_pauses=gc_meter.count, gc_pause_max_ms=gc_meter.max_ns / 1e6)
+
+
+def _run_coro(coro: Any) -> tuple[Records, RunStats]:
     if os.environ.get("LATENCYLAB_NO_UVLOOP") is None:
         try:
             import uvloop

@@ -191,6 +191,8 @@ def summarize_run(
         "spin_fraction": run.spun / rec.n if run.spin and rec.n else None,
         "connections_opened": run.connections_opened,
         "max_in_flight": run.max_in_flight,
+        "gc_pauses": run.gc_pauses,
+        "gc_pause_max_ms": run.gc_pause_max_ms,
     }
     if counts["ok"]:
         cs = stats.summarize(corrected[ok], qs=(0.5, 0.9, 0.99, 0.999), label="latency")

@@ -134,6 +134,7 @@ def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
                 seq_len=None if args.seq_len == 0 else args.seq_len,
                 batch_size=args.batch_size,
                 only=tuple(x.strip() for x in (args.only or "").split(",") if x.strip()),
+                tune_time_s=max(0.0, float(getattr(args, "tune_time", 0.0) or 0.0)),
             )
             if cfg.threads < 1:
                 raise LatencyLabError("--threads must be >= 1")

@@ -13,9 +13,21 @@ its own small contract, in the same shape:
   clock's TTFT (prefill) and decode time, and ``model``, the module whose logits fidelity scores.
 
 ``params``: ``weights`` (``fp32`` or a :data:`latencylab.gen.quant.METHODS` INT8 method), ``keep_float``
-(the k Linear layers :func:`latencylab.gen.quant.sensitivity` ranks most harmed, left FP32), ``threads``,
-and for speculative decoding ``draft`` (``lookup`` | ``int8``, :func:`latencylab.gen.drafts.build_draft`)
-and ``k`` (drafted tokens per verify step).
+(the k Linear layers :func:`latencylab.gen.quant.sensitivity` ranks most harmed, left FP32) or ``keep:
+"screen"`` (the groups :func:`latencylab.gen.quant.screen` finds, end to end on the calibration text, left
+FP32; ``"screen-validated"``: ranked on the calibration text, each kept only if it helps on the validation
+text; ``"kind:<proj>"``: every layer of that projection kind, e.g. ``kind:down_proj``), ``smooth``
+(``{"alpha", "targets"}``: :func:`latencylab.gen.smooth.smooth` folded in before the INT8 copy),
+``dtype`` (``fp32`` | ``bf16``: the weights and the compute of an FP32-weights variant), ``kv_dtype``
+(:data:`latencylab.gen.decode_variants.KV_DTYPES`: how the KV cache stores keys and values), ``compile``
+(a ``torch.compile`` backend for the decode step, :class:`latencylab.gen.decode_variants.CompiledStep`;
+its compile time is timed at build and reported, its recompiles counted), ``threads``, and for speculative
+decoding ``draft`` (``lookup`` | ``int8``, :func:`latencylab.gen.drafts.build_draft`) and ``k`` (drafted
+tokens per verify step).
+
+Fidelity of a KV-dtype or compiled candidate: its answers run through its own cache and step, so token
+agreement and exact see them; top-1 and perplexity are teacher-forced without a cache, through the eager
+model, so they see only its weights (equal to FP32's for a KV dtype or a compiled FP32 step).
 """
 
 from __future__ import annotations
@@ -41,12 +53,15 @@ class GenInputs:
     calibration: tuple[Ids, ...]  # sensitivity ranking only, never scored
     eos: frozenset[int] = frozenset()
     labels: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    validation: tuple[Ids, ...] = ()  # judges the screen's keep: neither calibration nor held-out text
 
     def __post_init__(self) -> None:
         if not self.fidelity_prompts or not self.timing_prompts or not self.texts:
             raise LatencyLabError("gen search: needs fidelity prompts, timing prompts and held-out text")
         if set(self.texts) & set(self.calibration):
             raise LatencyLabError("gen search: the calibration text overlaps the held-out text")
+        if set(self.validation) & (set(self.texts) | set(self.calibration)):
+            raise LatencyLabError("gen search: the validation text overlaps the calibration or held-out text")
 
 
 @dataclass(slots=True)
@@ -68,6 +83,33 @@ class GenContext:
             set_threads(self.threads)
             self.cache[key] = sensitivity(self.model, self.inputs.calibration, method)
         return tuple(self.cache[key])
+
+    def screened(self, method: str, smooth: Mapping[str, Any] | None = None, judged: bool = False) -> Any:
+        """:func:`latencylab.gen.quant.screen` of the FP32 model (or its :meth:`smoothed` copy) on the
+        calibration text, once per method; ``judged``: the keep judged on the validation text."""
+        key = f"screen:{method}:{sorted((smooth or {}).items())}:{judged}"
+        if key not in self.cache:
+            from latencylab.gen.quant import screen
+
+            if judged and not self.inputs.validation:
+                raise LatencyLabError("a screen judged on validation text needs validation text (none given)")
+            set_threads(self.threads)
+            model = self.smoothed(smooth) if smooth else self.model
+            judge = self.inputs.validation if judged else None
+            self.cache[key] = screen(model, self.inputs.calibration, method, judge=judge)
+        return self.cache[key]
+
+    def smoothed(self, smooth: Mapping[str, Any]) -> Any:
+        """:func:`latencylab.gen.smooth.smooth` of the FP32 model on the calibration text (``smooth``:
+        ``alpha``, ``targets``), once per setting."""
+        alpha, targets = float(smooth.get("alpha", 0.5)), tuple(smooth.get("targets", ("down",)))
+        key = f"smooth:{alpha}:{targets}"
+        if key not in self.cache:
+            from latencylab.gen.smooth import smooth as fold
+
+            set_threads(self.threads)
+            self.cache[key] = fold(self.model, self.inputs.calibration, alpha, targets)
+        return self.cache[key]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +136,12 @@ class GenRunner:
     """A model variant generating greedily: plain (one forward per token) or speculative (a draft proposes
     ``k`` tokens, the model verifies them in one forward)."""
 
-    def __init__(self, model: Any, threads: int, clock: Clock, draft: Any = None, k: int = 4) -> None:
+    def __init__(
+        self, model: Any, threads: int, clock: Clock, draft: Any = None, k: int = 4, kv_dtype: str = "fp32",
+        step: Any = None,
+    ) -> None:  # fmt: skip
         self.model, self.threads, self.clock, self.draft, self.k = model, threads, clock, draft, k
+        self.kv_dtype, self.step = kv_dtype, step  # step: a CompiledStep
         self.stats: dict[str, Any] = {}
         self._target: Any = None
         if draft is not None:
@@ -111,6 +157,11 @@ class GenRunner:
 
             r = speculative_generate(self._target, self.draft, ids, n, k=self.k, eos=eos, clock=self.clock)
             return GenRun(r.tokens, r.prefill_ns, r.decode_ns, r.proposed, r.accepted, len(r.steps))
+        if self.step is not None or self.kv_dtype != "fp32":
+            from latencylab.gen.decode_variants import generate_plain
+
+            toks, ttft, dec = generate_plain(self.model, ids, n, eos, self.clock, self.kv_dtype, self.step)
+            return GenRun(tuple(toks), ttft, dec)
         from latencylab.workloads.gen_decode import DecodeConfig, decode, new_state, prefill
 
         cfg = DecodeConfig(ignore_eos=not eos)
@@ -119,14 +170,21 @@ class GenRunner:
         t0 = int(self.clock.resolve([m0])[0])
         return GenRun(tuple(st.tokens), st.step_ns[0] - t0, st.step_ns[-1] - st.step_ns[0])
 
+    def live_stats(self) -> dict[str, Any]:
+        """``stats`` and what changed while it ran (a compiled step's recompiles)."""
+        out = dict(self.stats)
+        if self.step is not None:
+            out |= {"graphs": self.step.graphs, "recompiles": self.step.recompiles}
+        return out
+
     def close(self) -> None:
-        self.model = self.draft = self._target = None
+        self.model = self.draft = self._target = self.step = None
 
 
 @dataclass(frozen=True, slots=True)
 class GenCandidate:
     name: str
-    family: str  # fp32 | int8-dynamic | int8-weight | int8-mixed | threads | speculative | compile | kv-dtype
+    family: str  # fp32 | int8-dynamic | int8-weight | int8-mixed | bf16 | threads | speculative | compile | kv-dtype
     params: Mapping[str, Any]
     description: str = ""
     exact: bool = False  # lossless by construction: the FP32 model's greedy output, token for token
@@ -137,21 +195,52 @@ def build(ctx: GenContext, params: Mapping[str, Any]) -> GenRunner:
     """The runner of ``params`` (module docstring) over ``ctx.model``."""
     from latencylab.gen.quant import quantize
 
-    weights = str(params.get("weights", "fp32"))
+    weights, dtype = str(params.get("weights", "fp32")), str(params.get("dtype", "fp32"))
     threads = int(params.get("threads", ctx.threads))
-    model, stats = ctx.model, {}
+    model, stats = ctx.model, dict[str, Any]()
+    if dtype not in ("fp32", "bf16") or (dtype == "bf16" and weights != "fp32"):
+        raise LatencyLabError(f"dtype {dtype!r}: fp32, or bf16 of FP32 weights")
     if weights != "fp32":
         keep: list[str] = []
-        if int(params.get("keep_float", 0)):
+        sm = params.get("smooth")
+        source = ctx.smoothed(sm) if sm else ctx.model  # the same function in float (gen/smooth.py)
+        if sm:
+            stats["smooth"] = dict(sm)
+        if params.get("keep") in ("screen", "screen-validated"):
+            scr = ctx.screened(weights, sm, params["keep"] == "screen-validated")
+            keep = list(scr.kept_layers)
+            stats |= {"keep_float_layers": keep, "screen": scr.to_dict()}
+        elif str(params.get("keep", "")).startswith("kind:"):
+            kind = str(params["keep"])[5:]
+            keep = [n for n in _linears(ctx.model) if n.rsplit(".", 1)[-1] == kind]
+            if not keep:
+                raise LatencyLabError(f"keep {params['keep']!r}: no Linear layer of that kind")
+            stats["keep_float_layers"] = keep
+        elif int(params.get("keep_float", 0)):
             keep = [name for name, _ in ctx.ranked(weights)[: int(params["keep_float"])]]
             stats["keep_float_layers"] = keep
-        model = quantize(ctx.model, weights, keep)
+        model = quantize(source, weights, keep)
+    elif dtype == "bf16":
+        import copy
+
+        import torch
+
+        model = copy.deepcopy(ctx.model).to(torch.bfloat16).eval()
+    step = None
+    if params.get("compile"):
+        from latencylab.gen.decode_variants import CompiledStep
+
+        set_threads(threads)
+        step = CompiledStep(model, str(params["compile"]), int(params.get("max_len", 512)))
+        stats["compile_s"] = step.warm_up(ctx.clock) / 1e9
+        stats["compile_graphs"] = step.graphs
     draft = None
     if params.get("draft"):
         from latencylab.gen.drafts import build_draft
 
         draft = build_draft(str(params["draft"]), model)
-    runner = GenRunner(model, threads, ctx.clock, draft, int(params.get("k", 4)))
+    kv = str(params.get("kv_dtype", "fp32"))
+    runner = GenRunner(model, threads, ctx.clock, draft, int(params.get("k", 4)), kv, step)
     runner.stats = stats
     return runner
 
@@ -164,6 +253,11 @@ def _kv_note(model: Any) -> str:
     per_pos = layers * 2 * kv * head * 4
     weights = sum(p.numel() for p in model.parameters()) * 4
     return f"{per_pos / 1024:.0f} KiB per position, {100 * 256 * per_pos / weights:.1f}% of the weight bytes at 256"
+
+
+# SmoothQuant's setting: alpha 0.8 over 0.5 and the LM head's input smoothed too, from a probe of the held-out
+# perplexity (docs/benchmarks/optimize-gen.md, session 13): every input smoothed lost less each time
+SMOOTH: dict[str, Any] = {"alpha": 0.8, "targets": ["down", "qkv", "gate_up", "head"]}
 
 
 def candidates(ctx: GenContext, more_threads: int | None = None) -> list[GenCandidate]:
@@ -196,16 +290,50 @@ def candidates(ctx: GenContext, more_threads: int | None = None) -> list[GenCand
     if more_threads and more_threads != t:
         out.append(GenCandidate(f"fp32-t{more_threads}", "threads", {"weights": "fp32", "threads": more_threads},
                                 f"FP32 eager at {more_threads} threads (the baseline has {t})"))  # fmt: skip
-    out.append(GenCandidate("compile-decode", "compile", {"compile": "decode-step"},
-        "torch.compile of the decode step",
-        skip="not built for the gen workload yet: the decode step's input grows by one position a step (the "
-        "DynamicCache), so a compiled step needs dynamic shapes or a static cache; its compile takes minutes of "
-        "this 2-core machine (the encoder search's torch-compile family covers fixed shapes)"))  # fmt: skip
+    out += [
+        GenCandidate("bf16", "bf16", {"weights": "fp32", "dtype": "bf16", "threads": t},
+                     "BF16 weights, compute and KV cache (half the bytes a decode step reads; AVX-512 BF16 "
+                     "where the CPU has it)"),
+        GenCandidate("int8-dynamic-screen", "int8-mixed",
+                     {"weights": "dynamic-perchannel", "keep": "screen", "threads": t},
+                     "per-channel dynamic INT8, the layer groups an end-to-end perplexity screen on the calibration "
+                     "text finds most harmful (blocks, projection kinds, the LM head) kept FP32, up to half the "
+                     "weights"),
+        GenCandidate("int8-dynamic-keep-down", "int8-mixed",
+                     {"weights": "dynamic-perchannel", "keep": "kind:down_proj", "threads": t},
+                     "per-channel dynamic INT8, every block's mlp.down_proj (the activation-outlier input) kept FP32"),
+        GenCandidate("int8-smooth", "int8-smooth",
+                     {"weights": "dynamic-perchannel", "smooth": dict(SMOOTH), "threads": t},
+                     f"SmoothQuant alpha {SMOOTH['alpha']} (down_proj, q/k/v, gate/up and LM head inputs; scales from "
+                     "the calibration text folded into up_proj and the norms), then per-channel dynamic INT8"),
+        GenCandidate("int8-smooth-keep-down", "int8-smooth",
+                     {"weights": "dynamic-perchannel", "smooth": dict(SMOOTH), "keep": "kind:down_proj", "threads": t},
+                     f"SmoothQuant alpha {SMOOTH['alpha']} as int8-smooth, every mlp.down_proj kept FP32"),
+        GenCandidate("int8-smooth-screen", "int8-smooth",
+                     {"weights": "dynamic-perchannel", "smooth": dict(SMOOTH), "keep": "screen-validated",
+                      "threads": t},
+                     f"SmoothQuant alpha {SMOOTH['alpha']} as int8-smooth, then the perplexity screen: groups "
+                     "ranked on the calibration text, each kept only if it helps on validation text (neither "
+                     "calibration nor held-out), up to half the weights"),
+        GenCandidate("int8-dynamic-screen-validated", "int8-mixed",
+                     {"weights": "dynamic-perchannel", "keep": "screen-validated", "threads": t},
+                     "per-channel dynamic INT8, the screen's groups ranked on the calibration text and judged on "
+                     "validation text kept FP32, up to half the weights"),
+        GenCandidate("kv-bf16", "kv-dtype", {"weights": "fp32", "kv_dtype": "bf16", "threads": t},
+                     f"FP32 weights, KV cache stored in BF16 ({_kv_note(ctx.model)} in FP32)"),
+        GenCandidate("kv-fp8", "kv-dtype", {"weights": "fp32", "kv_dtype": "fp8", "threads": t},
+                     "FP32 weights, KV cache stored in float8 e4m3 (transformers' fp8 QuantizedCache, per-tensor "
+                     "scale frozen on the prompt)"),
+        GenCandidate("compile-decode", "compile", {"weights": "fp32", "compile": "inductor", "threads": t},
+                     "torch.compile (inductor) of the FP32 decode step over a static KV cache; prefill eager"),
+        GenCandidate("compile-decode-bf16", "compile",
+                     {"weights": "fp32", "dtype": "bf16", "compile": "inductor", "threads": t},
+                     "torch.compile (inductor) of the BF16 decode step over a static KV cache; prefill eager"),
+    ]  # fmt: skip
     quanto = any(importlib.util.find_spec(m) is not None for m in ("optimum", "hqq"))  # optimum.quanto's parent
     out.append(GenCandidate("kv-int8", "kv-dtype", {"kv_dtype": "int8"}, "INT8 KV cache",
-        skip=f"not built: transformers' quantised cache needs optimum-quanto or HQQ (installed: "
-        f"{'yes' if quanto else 'no'}); and the FP32 cache is small here ({_kv_note(ctx.model)}), so a decode step, "
-        "which reads every weight, would barely change"))  # fmt: skip
+        skip=f"not built: transformers' INT8 quantised cache needs optimum-quanto or HQQ (installed: "
+        f"{'yes' if quanto else 'no'}); kv-fp8 and kv-bf16 stand for a smaller cache"))  # fmt: skip
     return out
 
 
@@ -217,6 +345,8 @@ def _linears(model: Any) -> list[str]:
 
 def from_params(name: str, family: str, params: Mapping[str, Any], exact: bool) -> GenCandidate:
     """A recipe's candidate again (its params rebuild it through :func:`build`)."""
-    if "compile" in params or "kv_dtype" in params:
-        raise LatencyLabError(f"{name}: a recipe of a candidate that was never built")
+    from latencylab.gen.decode_variants import KV_DTYPES
+
+    if str(params.get("kv_dtype", "fp32")) not in KV_DTYPES:
+        raise LatencyLabError(f"{name}: a recipe of a candidate that was never built (kv dtype {params['kv_dtype']})")
     return GenCandidate(name, family, dict(params), "from the recipe", exact)

@@ -50,12 +50,13 @@ class GenLabConfig:
     timing_prompts: tuple[int, ...] = (1, 9, 14)
     texts: int = 16  # held-out corpus lines for perplexity
     calibration: int = 8  # corpus lines for the sensitivity ranking
+    validation: int = 8  # the corpus lines after them: judge the validated screen's keep (never scored)
 
     @classmethod
     def quick(cls, **kw: Any) -> GenLabConfig:
         """A small search for tests and smoke runs: 2 fidelity prompts, 1 timing prompt, 8 tokens, 1 round."""
         base: dict[str, Any] = {"rounds": 1, "tokens": 8, "fidelity_prompts": (0, 8), "timing_prompts": (1,)}
-        base |= {"texts": 4, "calibration": 2}
+        base |= {"texts": 4, "calibration": 2, "validation": 2}
         return cls(**(base | kw))
 
 
@@ -87,11 +88,14 @@ def smollm2_subject(cfg: GenLabConfig) -> GenSubject:
         return tuple(tuple(chat_ids(tok, messages_of(prompts[i]))) for i in idx)
 
     lines = corpus()[CALIBRATION_START : CALIBRATION_START + cfg.calibration]
+    vstart = CALIBRATION_START + cfg.calibration
+    vlines = corpus()[vstart : vstart + cfg.validation]
     inputs = GenInputs(
         fidelity_prompts=ids(cfg.fidelity_prompts),
         timing_prompts=ids(cfg.timing_prompts),
         texts=tuple(tuple(s) for s in heldout_ids(tok, cfg.texts)),
         calibration=tuple(tuple(tok(s)["input_ids"][:64]) for s in lines),
+        validation=tuple(tuple(tok(s)["input_ids"][:64]) for s in vlines),
         eos=eos_ids(tok, lm.model),
         labels={
             "fidelity": [prompts[i].label for i in cfg.fidelity_prompts],
@@ -144,7 +148,8 @@ def run_gen_lab(
             "exact_by_construction": chosen.exact, "keep_float_layers": chosen.stats.get("keep_float_layers"),
             "threads": cfg.threads, "budget": budget.text, "tokens": cfg.tokens, "rounds": cfg.rounds,
             "fidelity_prompts": list(cfg.fidelity_prompts), "timing_prompts": list(cfg.timing_prompts),
-            "texts": cfg.texts, "calibration": cfg.calibration, "measured": brief(doc, chosen.name),
+            "texts": cfg.texts, "calibration": cfg.calibration, "validation": cfg.validation,
+            "measured": brief(doc, chosen.name),
             "baseline": brief(doc, res.baseline), "headline": res.verdict, "created_at": doc["created_at"],
         }  # fmt: skip
         stale.write_text(json.dumps(recipe, indent=1))
@@ -173,7 +178,8 @@ def result_doc(cfg: GenLabConfig, subject: GenSubject, res: GenSearchResult) -> 
         "inputs": {"labels": {k: list(v) for k, v in subject.inputs.labels.items()},
                    "fidelity_prompts": len(subject.inputs.fidelity_prompts),
                    "timing_prompts": len(subject.inputs.timing_prompts), "texts": len(subject.inputs.texts),
-                   "calibration": len(subject.inputs.calibration)},
+                   "calibration": len(subject.inputs.calibration),
+                   "validation": len(subject.inputs.validation)},
         "candidates": [c.to_dict() for c in res.candidates], "summary": summary,
         "env": fingerprint(sample_s=0.0),
     }  # fmt: skip
@@ -208,7 +214,7 @@ def apply_gen_recipe(
         budget=recipe["budget"], threads=int(recipe["threads"]), time_budget_s=None, rounds=int(recipe["rounds"]),
         tokens=int(recipe["tokens"]), fidelity_prompts=tuple(recipe["fidelity_prompts"]),
         timing_prompts=tuple(recipe["timing_prompts"]), texts=int(recipe["texts"]),
-        calibration=int(recipe["calibration"]),
+        calibration=int(recipe["calibration"]), validation=int(recipe.get("validation", 8)),
     )  # fmt: skip
     subject = subject or smollm2_subject(cfg)
     forced = []

@@ -279,8 +279,10 @@ def search(
     timed = _time(runners, ctx, tokens, rounds)
     set_threads(ctx.threads)  # a thread-count candidate ran last, perhaps: the process gets the baseline's back
     for n, runner in runners.items():
+        live = getattr(runner, "live_stats", None)  # a compiled step's recompiles happen while it is timed
+        stats = live() if live is not None else results[n].stats
         runner.close()
-        results[n] = dataclasses.replace(results[n], **timed[n])
+        results[n] = dataclasses.replace(results[n], stats=stats, **timed[n])
     base = results[candidates[0].name]
     speedups, chosen, best = _choose(results, base, ctx.threads)
     for name, r in results.items():

@@ -65,6 +65,7 @@ class LabConfig:
     inputs_path: str | None = None  # workload "onnx": an .npz of inputs (default: generated)
     pipeline: str | None = None  # workload "pipeline": package.module:function returning a ModelAdapter
     params: tuple[str, ...] = ()  # workload "onnx": key=value workload params (dim.<name>=N, ...)
+    tune_time_s: float = 0.0  # --tune-time: TVM MetaSchedule tuning seconds (0: off; families/tvm_tune.py)
 
 
 def _candidates(ctx: BuildContext, families: Sequence[str]) -> list[Candidate]:
@@ -200,6 +201,8 @@ def _run_lab(
             notice(line)
     budget = budget or Budget.parse(default_budget(ctx.adapter))
     budget.check_applies(ctx.adapter.labels() is not None, f"{ctx.adapter.name} ({described.get('model')})")
+    ctx.cache["budget"] = budget.text  # candidates that aim at the budget (OpenVINO's accuracy control) read it
+    ctx.cache["tune_time_s"] = cfg.tune_time_s  # TVM's tuned candidate (off at 0)
     _set_threads(cfg.threads)
     families = cfg.families
     if not getattr(ctx.adapter, "has_torch", True):  # e.g. an ONNX file: nothing for the torch family to transform

@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from latencylab.clock import wall_offset_ns
 from latencylab.errors import LatencyLabError
 from latencylab.load.arrivals import ArrivalProcess
 from latencylab.load.early_stop import Progress
-from latencylab.load.generator import AbortFn, LoadConfig, Payload, Records, run_load, wall_offset_ns
+from latencylab.load.generator import AbortFn, LoadConfig, Payload, Records, run_load
 from latencylab.load.results import LoadResult, Slo, summarize_run
 from latencylab.scaleout.merge import (
     RECORD_FIELDS,
@@ -201,6 +202,10 @@ def _ray() -> Any:
     return ray
 
 
+START_LEAD_S = 0.25  # the common start instant this far ahead of the driver's clock, plus per worker:
+START_LEAD_PER_WORKER_S = 0.01
+
+
 class LoadCluster:
     """N generator actors on a Ray cluster, reused run after run (a capacity search runs many)."""
 
@@ -209,7 +214,7 @@ class LoadCluster:
         workers: int,
         address: str | None = None,
         poll_s: float = 1.0,
-        start_lead_s: float = 1.0,
+        start_lead_s: float | None = None,
         clock_rounds: int = 8,
         spread: bool = True,
         pin_cores: Sequence[int] | None = None,
@@ -220,7 +225,9 @@ class LoadCluster:
         self.n = workers
         self.address = address
         self.poll_s = poll_s
-        self.start_lead_s = start_lead_s
+        # long enough to ship every worker its spec and open its connections (loopback: a few ms; a Ray RPC on
+        # a LAN ~1 ms a worker); a worker that still starts late says so in its start error
+        self.start_lead_s = START_LEAD_S + START_LEAD_PER_WORKER_S * workers if start_lead_s is None else start_lead_s
         self.clock_rounds = clock_rounds
         self.spread = spread
         self.pin_cores = tuple(pin_cores) if pin_cores else None  # worker i on core pin_cores[i % len]

@@ -337,6 +337,8 @@ def merge_summary(
         "spin_fraction": spun / n if spin and n else None,
         "connections_opened": _sum([r.get("connections_opened") for r in runs]),
         "max_in_flight": _sum([r.get("max_in_flight") for r in runs]),  # an upper bound: peaks need not coincide
+        "gc_pauses": _sum([r.get("gc_pauses") for r in runs]) or 0,  # each worker's own process
+        "gc_pause_max_ms": max((float(r.get("gc_pause_max_ms") or 0.0) for r in runs), default=0.0),
     }
     ok_h = hists["corrected_ok"]
     warnings: list[str] = []

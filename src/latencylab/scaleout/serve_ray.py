@@ -10,8 +10,10 @@ What differs from one process:
   ``max_ongoing_requests`` at a replica; the rest wait in the proxy). Ray's router tries the proxy's own
   node's replicas first and the others only when those are full, so ``max_ongoing_requests`` is small (8,
   one batch): beyond a batch in flight on the proxy's node, requests spill over to the other replicas. A
-  replica's own admission still refuses what it cannot finish by the deadline (503 + Retry-After);
-  that refusal goes to the client, it is not retried on another replica (docs/scale.md says why).
+  replica's own admission still refuses what it cannot finish by the deadline (503 + Retry-After); that
+  refusal is offered to another replica first (``retry_shed`` times: :meth:`OipReplica.forward` through a
+  Ray Serve handle, whose router has no node preference; one hop at most, the arrival time carried in
+  ``X-Request-Start``), and the client gets the first other replica's answer, or the 503 if none took it.
 * Metrics: ``/metrics`` on a replica is its own Prometheus exposition with a ``replica`` label on every
   sample (the same histograms and buckets in every replica, so they add up); ``/metrics/cluster`` is every
   replica's, merged by family (each replica pushes its exposition to one :class:`MetricsBoard` actor every
@@ -25,6 +27,7 @@ What differs from one process:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -35,8 +38,17 @@ from typing import Any
 
 from latencylab.errors import LatencyLabError
 from latencylab.serve.config import ServerConfig
+from latencylab.serve.request_start import HEADER
 
+REQUEST_START = HEADER.lower().encode()
+# the parts of an HTTP request's ASGI scope a retry sends to another replica (plain values, picklable)
+FORWARDED = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path", "root_path", "query_string",
+             "headers", "server", "client")  # fmt: skip
+
+log = logging.getLogger(__name__)
 INSTALL_HINT = "serve --ray needs Ray Serve: pip install 'latencylab[ray]'"
+SHED_BY = "x-latencylab-shed-by"  # a retried request: the replica that shed it (never retried again); its answer
+# carries it too, so a client (and a test) can tell a retried answer from a first one
 BOARD = "latencylab-metrics-board"  # the named actor holding each replica's last exposition
 DEPLOYMENT = "oip"
 PROM = "text/plain; version=0.0.4; charset=utf-8"
@@ -57,6 +69,10 @@ class ReplicaOptions:
     proxy_location: str = "HeadOnly"
     push_s: float = 1.0  # how often a replica pushes its exposition to the board
     runtime_env: Mapping[str, Any] | None = None  # the replicas' Ray runtime_env (e.g. env_vars: PYTHONPATH)
+    # a request this replica sheds (503) is offered to another replica this many times (the router may pick this
+    # one again: then it is asked again) before the client gets the 503; 0 (the default until its Ray test makes a
+    # replica shed: docs/scale.md): the client gets every shed
+    retry_shed: int = 0
 
 
 def relabel(text: str, replica: str) -> str:
@@ -99,6 +115,71 @@ def merge_expositions(texts: Mapping[str, str]) -> str:
     return generate_latest(registry).decode()
 
 
+async def read_body(receive: Any, limit: int) -> tuple[bytes, bool]:
+    """An ASGI request's body as far as ``limit`` bytes: (what was read, whether that is all of it)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return b"".join(chunks), True
+        chunks.append(msg.get("body", b""))
+        size += len(chunks[-1])
+        if not msg.get("more_body", False):
+            return b"".join(chunks), True
+        if size > limit:
+            return b"".join(chunks), False
+
+
+def replay_then(head: bytes, receive: Any) -> Any:
+    """An ASGI ``receive`` that gives ``head`` (read already), then what ``receive`` gives."""
+    sent = False
+
+    async def again() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": head, "more_body": True}
+        return dict(await receive())
+
+    return again
+
+
+def replay(body: bytes) -> Any:
+    """An ASGI ``receive`` that gives ``body`` once, then waits (as a connection that stays open does)."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # never set: no disconnect to report
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+async def call_asgi(app: Any, scope: dict[str, Any], body: bytes) -> tuple[int, list[Any], bytes]:
+    """(status, headers, body) of ``app``'s answer to one HTTP request (an answer held whole: OIP's are)."""
+    status, headers, chunks = 500, [], []
+
+    async def send(msg: dict[str, Any]) -> None:
+        nonlocal status, headers
+        if msg["type"] == "http.response.start":
+            status, headers = int(msg["status"]), list(msg.get("headers", []))
+        elif msg["type"] == "http.response.body":
+            chunks.append(msg.get("body", b""))
+
+    await app(scope, replay(body), send)
+    return status, headers, b"".join(chunks)
+
+
+async def send_answer(send: Any, status: int, headers: list[Any], body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 class MetricsBoard:
     """Each replica's last exposition (a Ray actor named ``BOARD``); a replica gone stays until replaced."""
 
@@ -120,7 +201,7 @@ class OipReplica:
     ``serve.ingress()`` in :func:`deploy`; the app is built after the constructor
     (``__serve_build_asgi_app__``), and Ray Serve runs its lifespan (the batchers start there)."""
 
-    def __init__(self, cfg: ServerConfig, app_name: str, push_s: float = 1.0) -> None:
+    def __init__(self, cfg: ServerConfig, app_name: str, push_s: float = 1.0, retry_shed: int = 0) -> None:
         from ray import serve
 
         from latencylab.serve.app import build_state
@@ -135,6 +216,10 @@ class OipReplica:
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.state = build_state(cfg, {m.name: load_variants(m, cfg.device) for m in cfg.models})
         self.app_name = app_name
+        self.retry_shed = retry_shed
+        self.retries = {"offered": 0, "answered": 0}  # sheds offered to another replica, and answered there
+        self._inner: Any = None
+        self._handle: Any = None
         self._stop = threading.Event()
         self._pusher = threading.Thread(target=self._push, args=(push_s,), name="metrics-push", daemon=True)
         self._pusher.start()
@@ -146,7 +231,7 @@ class OipReplica:
         while not self._stop.is_set():
             try:
                 board = board or ray.get_actor(BOARD, namespace=self.app_name)
-                board.put.remote(self.replica, self.state.metrics.exposition().decode())
+                board.put.remote(self.replica, self.state.metrics.exposition().decode() + self._retry_text())
             except Exception:  # no board (a deployment made without one) or it restarted: try again later
                 board = None
             self._stop.wait(every_s)
@@ -165,20 +250,74 @@ class OipReplica:
 
         from latencylab.serve.app import lifespan_app
 
-        inner = lifespan_app(self.state)
+        inner = self._inner = lifespan_app(self.state)
         own = self
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
             path = scope.get("path", "") if scope["type"] == "http" else ""
             if path == "/metrics":
-                text = relabel(own.state.metrics.exposition().decode(), own.replica)
+                text = relabel(own.state.metrics.exposition().decode() + own._retry_text(), own.replica)
                 await Response(text, media_type=PROM)(scope, receive, send)
             elif path == "/metrics/cluster":
                 await Response(await own._cluster_text(), media_type=PROM)(scope, receive, send)
+            elif own.retry_shed > 0 and scope.get("method") == "POST" and path.endswith("/infer"):
+                await own._infer_or_retry(scope, receive, send)
             else:
                 await inner(scope, receive, send)
 
         return app
+
+    async def _infer_or_retry(self, scope: Any, receive: Any, send: Any) -> None:
+        """An infer request: answered here, or, when this replica sheds it (503), offered to another replica
+        (:meth:`forward`) before the client gets the 503 (module docstring, "Routing")."""
+        headers = [(k.lower(), v) for k, v in scope.get("headers", [])]
+        names = {k for k, _ in headers}
+        if SHED_BY.encode() in names:  # already retried once: answered here, whatever the answer
+            await self._inner(scope, receive, send)
+            return
+        body, whole = await read_body(receive, self.state.cfg.max_body_bytes)
+        if not whole:  # over the size limit: this replica's own 413, as without a retry
+            await self._inner(scope, replay_then(body, receive), send)
+            return
+        if REQUEST_START not in names:  # the deadline of the retry counts from the arrival here
+            headers.append((REQUEST_START, f"t={time.time_ns() // 1000}".encode()))
+        scope = {**scope, "headers": headers}
+        answer = await call_asgi(self._inner, scope, body)
+        plain = {k: scope[k] for k in FORWARDED if k in scope}  # what another replica needs (no live objects)
+        for _ in range(self.retry_shed if answer[0] == 503 else 0):
+            self.retries["offered"] += 1
+            try:
+                other = await self._other().forward.remote(plain, body, self.replica)
+            except Exception:  # the other replica died or is gone: the client gets this replica's 503
+                log.warning("retrying a shed request on another replica failed", exc_info=True)
+                break
+            if other is not None:  # None: the router picked this replica again
+                self.retries["answered"] += 1
+                answer = other
+                break
+        await send_answer(send, *answer)
+
+    def _other(self) -> Any:
+        if self._handle is None:
+            from ray import serve
+
+            self._handle = serve.get_deployment_handle(DEPLOYMENT, app_name=self.app_name)
+        return self._handle
+
+    async def forward(self, scope: dict[str, Any], body: bytes, origin: str) -> tuple[int, list[Any], bytes] | None:
+        """A request replica ``origin`` shed, answered here (status, headers, body); None if this is ``origin``."""
+        if origin == self.replica:
+            return None
+        headers = [*scope.get("headers", []), (SHED_BY.encode(), origin.encode())]
+        status, out_headers, payload = await call_asgi(self._inner, {**scope, "headers": headers}, body)
+        return status, [*out_headers, (SHED_BY.encode(), origin.encode())], payload
+
+    def _retry_text(self) -> str:
+        return (
+            "# HELP latencylab_server_shed_retries_total Requests this replica shed and offered to another replica "
+            "(outcome: offered, answered there)\n# TYPE latencylab_server_shed_retries_total counter\n"
+            + "".join(f'latencylab_server_shed_retries_total{{outcome="{k}"}} {v}\n' for k, v in self.retries.items())
+        )
 
     async def _cluster_text(self) -> str:
         import ray
@@ -186,7 +325,7 @@ class OipReplica:
         texts: dict[str, str] = {}
         with contextlib.suppress(Exception):  # no board: this replica's own view
             texts = await ray.get_actor(BOARD, namespace=self.app_name).all.remote()
-        texts[self.replica] = self.state.metrics.exposition().decode()  # its own, fresh
+        texts[self.replica] = self.state.metrics.exposition().decode() + self._retry_text()  # its own, fresh
         return merge_expositions(texts)
 
     def __del__(self) -> None:
@@ -229,7 +368,8 @@ def deploy(cfg: ServerConfig, opts: ReplicaOptions, address: str | None = None) 
         ray_actor_options=actor,
         health_check_period_s=2,
     )
-    serve.run(deployment.bind(cfg, opts.app_name, opts.push_s), name=opts.app_name, route_prefix="/")
+    serve.run(deployment.bind(cfg, opts.app_name, opts.push_s, opts.retry_shed if opts.replicas > 1 else 0),
+              name=opts.app_name, route_prefix="/")  # fmt: skip
     return f"http://{opts.host}:{opts.port}"
 
 

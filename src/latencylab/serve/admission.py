@@ -169,12 +169,16 @@ class Admission:
         wait = max(first_free, (sum(remaining) + queued) / self.workers)
         return now + int((wait + own) * 1e9)
 
-    def predicted_finish_in_bucket(self, bucket: int, deadline_ns: int, now: int) -> int:
+    def predicted_finish_in_bucket(self, bucket: int, deadline_ns: int, now: int, aim_ns: int | None = None) -> int:
         """When a request of ``bucket`` (known once preprocessed) with ``deadline_ns``, queued now, would be
         answered if batches run back to back in the batcher's order: after the running batches, every queued
         batch of a bucket no more costly than its own (shortest first, see ``_pick``), the requests of its own
-        bucket due no later than it (EDF), and the other admitted requests still preprocessing (as batches of
-        one of the cheapest bucket, as at admission); then its own batch. Costlier buckets go after it."""
+        bucket due no later than it (EDF: the batch it joins, and the full batches before it), the requests of
+        costlier buckets aimed at a finish no later than its own ``aim_ns`` (default: the deadline; they are let
+        ahead of it when their aim is at risk, ``Batcher._pick``), and the other admitted requests still
+        preprocessing (as batches of one of the cheapest bucket, as at admission); then its own batch. The rest
+        of the costlier buckets goes after it."""
+        aim = deadline_ns if aim_ns is None else aim_ns
         remaining = self._remaining(now)
         own_cost = self.predict(bucket, 1)
         queued = 0.0
@@ -184,6 +188,10 @@ class Admission:
                 ahead = sum(1 for j in q if j.deadline_ns <= deadline_ns)
             elif q and self.predict(b, 1) <= own_cost:
                 full, rest = divmod(len(q), self.max_batch)
+                queued += full * self.predict(b, self.max_batch) + (self.predict(b, rest) if rest else 0.0)
+            elif q:  # costlier: only what is aimed sooner goes first
+                sooner = sum(1 for j in q if j.aim_ns <= aim)
+                full, rest = divmod(sooner, self.max_batch)
                 queued += full * self.predict(b, self.max_batch) + (self.predict(b, rest) if rest else 0.0)
         full, rest = divmod(ahead, self.max_batch)
         queued += full * self.predict(bucket, self.max_batch)
@@ -205,8 +213,8 @@ class Admission:
         if self._bucket_of is None:
             return
         bucket = int(self._bucket_of(item))
-        finish = self.predicted_finish_in_bucket(bucket, deadline_ns, now) + self.margin_ns + extra_ns
         limit = deadline_ns if admit_by_ns is None else admit_by_ns
+        finish = self.predicted_finish_in_bucket(bucket, deadline_ns, now, limit) + self.margin_ns + extra_ns
         if finish > limit and not self.bucket_stale(bucket, now):
             raise Shed("deadline", max(0.1, (finish - now) / 1e9))
 

@@ -4,7 +4,8 @@ Routes: GET /v2/health/live, /v2/health/ready, /v2, /v2/models/{m}[/versions/{v}
 POST /v2/models/{m}[/versions/{v}]/infer, GET /metrics. A model's versions are its ladder's
 variants: ``/versions/int8/infer`` pins a variant (bypassing the guard), plain ``/infer`` follows
 the ladder. Errors are ``{"error": "..."}`` with a 4xx/5xx status; overload is 503 + Retry-After, decided before
-the body is decoded whenever the headers tell the deadline (serve/early.py).
+the body is decoded whenever the headers tell the deadline (serve/early.py), and in the HTTP protocol, before a
+handler exists, by default (serve/head_refusal.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -45,8 +46,10 @@ from latencylab.serve.protocol_response import encode_infer_body, error_body, mo
 from latencylab.serve.request_start import HEADER as REQUEST_START_HEADER
 from latencylab.serve.request_start import request_age_ns
 from latencylab.serve.service import ModelService, ServiceError, Timing
-from latencylab.serve.tracing import RequestTracer
 from latencylab.serve.types import ProtocolError, Variant
+
+if TYPE_CHECKING:  # OpenTelemetry loads only when a server builds its state (the gen server imports bind)
+    from latencylab.serve.tracing import RequestTracer
 
 log = logging.getLogger("latencylab.serve")
 JSON = "application/json"
@@ -372,6 +375,8 @@ def build_state(
         from latencylab.serve.tracing import make_tracer_provider
 
         tracer_provider = make_tracer_provider(cfg.otlp_endpoint)
+    from latencylab.serve.tracing import RequestTracer
+
     return ServerState(cfg, services, metrics, RequestTracer(tracer_provider), token, clock=clock)
 
 
@@ -405,29 +410,44 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_config(state: ServerState) -> Any:
+def uvicorn_config(state: ServerState, head_refusal: bool = True) -> Any:
     """The ``uvicorn.Config`` the server runs: httptools with ``state.limits`` on request heads (431 past
-    ``max_head_bytes``, 408 past ``head_timeout_s``: serve/limits.py) and ``keep_alive_s`` idle connections."""
+    ``max_head_bytes``, 408 past ``head_timeout_s``: serve/limits.py) and ``keep_alive_s`` idle connections;
+    with ``head_refusal``, admission's refusals answered by the connection from the request's head
+    (serve/head_refusal.py; off: every request goes to the app, which refuses before decoding, serve/early.py)."""
     import uvicorn
+
+    from latencylab.serve.head_refusal import HeadRefuser
+
+    refuser = HeadRefuser(state, DEADLINE_HEADER) if head_refusal else None
 
     return uvicorn.Config(
         lifespan_app(state),
         log_level="warning",
         access_log=False,
         loop="uvloop",
-        http=guarded_protocol(state.limits),
+        http=guarded_protocol(state.limits, refuser),
         timeout_keep_alive=state.limits.keep_alive_s,
         timeout_graceful_shutdown=30,
         lifespan="on",
     )
 
 
-def run_server(state: ServerState, on_listening: Any = None) -> None:
-    """Serve until SIGTERM/SIGINT; in-flight requests are drained (uvicorn's graceful shutdown)."""
+def run_server(
+    state: ServerState, on_listening: Any = None, head_refusal: bool = True, loop: str | None = None
+) -> None:
+    """Serve until SIGTERM/SIGINT; in-flight requests are drained (uvicorn's graceful shutdown).
+
+    The event loop is the config's (uvloop; ``loop="asyncio"``: the standard one). Until session 13 this function
+    ran ``asyncio.run``, so the config's ``loop="uvloop"`` was never applied (uvicorn applies it only in
+    ``Server.run``): every request's hand-offs between the loop, the preprocess pool and the compute thread
+    went through the standard loop."""
     import uvicorn
 
     sock = bind(state.cfg.host, state.cfg.port)
-    config = uvicorn_config(state)
+    config = uvicorn_config(state, head_refusal)
+    if loop is not None:
+        config.loop = loop
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
@@ -446,4 +466,5 @@ def run_server(state: ServerState, on_listening: Any = None) -> None:
             on_listening(sock.getsockname()[1])
         await task
 
-    asyncio.run(serve())
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        runner.run(serve())

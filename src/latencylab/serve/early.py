@@ -23,7 +23,7 @@ from latencylab.serve.protocol_request import BINARY_HEADER, deadline_from_heade
 from latencylab.serve.service import ModelService, ServiceError, Timing
 from latencylab.serve.types import ProtocolError
 
-__all__ = ["body_may_state_deadline", "early_refusal"]
+__all__ = ["body_may_state_deadline", "early_refusal", "head_verdict"]
 
 _MARKERS = (b"deadline_ms", b"\\u")
 
@@ -53,17 +53,35 @@ def early_refusal(
     a refusal is counted in ``latencylab_server_shed_total`` with admission's own reason."""
     if body_may_state_deadline(body, headers):
         return None
-    text = headers.get(deadline_header)
+    verdict = head_verdict(svc, timing, now, pinned, headers.get(deadline_header), deadline_header)
+    if verdict is None:
+        return None
+    reason, error = verdict
+    svc.metrics.shed.labels(svc.name, reason).inc()
+    return error
+
+
+def head_verdict(
+    svc: ModelService, timing: Timing, now: int, pinned: int | None, deadline_text: str | None, deadline_header: str
+) -> tuple[str, ServiceError] | None:
+    """Admission's refusal of a request from its head alone (the deadline header's value, or None), as
+    (reason, the 503), or None; counts nothing (the caller counts what it sends). The body is the caller's to
+    check (:func:`body_may_state_deadline`): a deadline stated there wins."""
     try:
-        deadline_ms = deadline_from_header(text, deadline_header) if text is not None else svc.cfg.default_deadline_ms
+        deadline_ms = (
+            deadline_from_header(deadline_text, deadline_header)
+            if deadline_text is not None
+            else svc.cfg.default_deadline_ms
+        )
     except ProtocolError:
         return None  # the full path answers it (400, or the body's own deadline)
     start = timing.start - timing.age_ns
     deadline_ns = start + int(float(deadline_ms) * 1e6)
     if now >= deadline_ns:
-        svc.metrics.shed.labels(svc.name, "deadline").inc()
         late = f"{timing.age_ns / 1e6:.1f} ms old on arrival, " if timing.age_ns else ""
-        return ServiceError(503, f"overloaded (deadline): {late}deadline {float(deadline_ms):g} ms", 1.0, "shed")
+        return "deadline", ServiceError(
+            503, f"overloaded (deadline): {late}deadline {float(deadline_ms):g} ms", 1.0, "shed"
+        )
     level = svc.guard.level if pinned is None else pinned
     if svc.ladder[level] == "cache" or level >= len(svc.batchers):
         return None  # the cache rung answers without admission
@@ -75,5 +93,4 @@ def early_refusal(
     shed = batcher.refusal(admit_by, now, svc.preprocess_lead_ns() + slack)
     if shed is None:
         return None
-    svc.metrics.shed.labels(svc.name, shed.reason).inc()
-    return ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed")
+    return shed.reason, ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed")

@@ -14,7 +14,9 @@ of this server, in JSON:
 * the parser's own refusals (a malformed request) are a JSON 400 instead of uvicorn's plain text;
 * each request's scope carries a :class:`DisconnectHook` (``scope["extensions"][DISCONNECT]``) that the
   connection fires when it is lost before the request's response is complete, so the app can cancel the work of
-  a client that has gone (app.py) without a task per request listening on ``receive``.
+  a client that has gone (app.py) without a task per request listening on ``receive``;
+* with a ``refuser`` (serve/head_refusal.py), an inference request that admission would shed is answered 503
+  + Retry-After by the connection itself, from its head, once its body is in: no ASGI task is created for it.
 
 The body's time limit, ``body_timeout_s``, is the app's (``app._read_body``): the head is in by then, so the
 answer is a normal response (408). ``keep_alive_s`` is uvicorn's ``timeout_keep_alive``.
@@ -26,9 +28,12 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from latencylab.serve.protocol_response import error_body
+
+if TYPE_CHECKING:
+    from latencylab.serve.head_refusal import HeadRefusal, HeadRefuser
 
 __all__ = ["DISCONNECT", "DisconnectHook", "HttpLimits", "guarded_protocol"]
 
@@ -79,8 +84,20 @@ class _HeadTooLarge(Exception):
     """Raised in a parser callback to stop parsing; httptools wraps it and uvicorn calls send_400_response."""
 
 
-def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol with ``limits`` on request heads (pass it as ``uvicorn.Config(http=...)``).
+class _Held:
+    """A request refused from its head whose body is still arriving (it is kept: the body may decide)."""
+
+    __slots__ = ("chunks", "keep_alive", "refusal")
+
+    def __init__(self, refusal: HeadRefusal, keep_alive: bool) -> None:
+        self.refusal = refusal
+        self.keep_alive = keep_alive
+        self.chunks: list[bytes] = []
+
+
+def guarded_protocol(limits: HttpLimits, refuser: HeadRefuser | None = None) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with ``limits`` on request heads (pass it as ``uvicorn.Config(http=...)``),
+    and with a ``refuser``, admission's refusals answered from the head (serve/head_refusal.py).
 
     It overrides uvicorn's per-connection callbacks, which are not a public API: the test of these limits
     (tests/test_serve_hardening.py) runs against a real server, so an incompatible uvicorn fails it."""
@@ -95,6 +112,7 @@ def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
             self._head_timer: asyncio.TimerHandle | None = None
             self._refusal: tuple[int, str] | None = None
             self._hooks: deque[DisconnectHook] = deque()  # requests begun and not yet answered, in order
+            self._held: _Held | None = None  # a request refused from its head, its body still arriving
 
         # -- connection and parser callbacks
 
@@ -118,6 +136,9 @@ def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
                     self._refuse(431, self._too_large())
 
         def on_message_begin(self) -> None:
+            # a request pipelined behind one refused here: the keep-alive timer armed by that refusal's
+            # completion (in this same read) must not close the connection under it
+            self._unset_keepalive_if_required()
             super().on_message_begin()
             hook = DisconnectHook()
             self._hooks.append(hook)
@@ -139,7 +160,61 @@ def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._cancel_head_timer()
+            if refuser is not None and (self.cycle is None or self.cycle.response_complete) and not self.pipeline:
+                refusal = refuser.decide(self.parser.get_method(), self.url, self.headers)
+                if refusal is not None:
+                    self._held = _Held(refusal, self.parser.should_keep_alive())
+                    self._head_timer = self.loop.call_later(limits.body_timeout_s, self._body_timed_out)
+                    return
             super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if self._held is not None:
+                self._held.chunks.append(body)  # bounded: the refuser requires Content-Length <= the body limit
+            else:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            held, self._held = self._held, None
+            if held is None:
+                super().on_message_complete()
+                return
+            self._cancel_head_timer()
+            body = b"".join(held.chunks)
+            assert refuser is not None
+            if refuser.body_decides(held.refusal, body):  # the body may state a longer deadline: the app decides
+                super().on_headers_complete()
+                if body:
+                    super().on_body(body)
+                super().on_message_complete()
+                return
+            self._send_refusal(held)
+
+        def _send_refusal(self, held: _Held) -> None:
+            r = held.refusal
+            head = [STATUS_LINE[503]]
+            for name, value in self.server_state.default_headers:
+                head += [name, b": ", value, b"\r\n"]
+            head += [
+                b"content-type: application/json\r\n",
+                b"retry-after: ",
+                r.retry_after,
+                b"\r\ncontent-length: %d\r\n" % len(r.body),
+                b"\r\n" if held.keep_alive else b"connection: close\r\n\r\n",
+                r.body,
+            ]
+            assert refuser is not None
+            refuser.sent(r)  # counted first: a client that reads the answer then finds it counted
+            self.transport.write(b"".join(head))
+            if not held.keep_alive:
+                self.transport.close()
+            self.on_response_complete()
+
+        def _body_timed_out(self) -> None:
+            self._head_timer = None
+            if self._held is not None and not self.transport.is_closing():
+                self._held = None
+                self._refuse(408, f"request body not received within {limits.body_timeout_s:g} s")
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -203,4 +278,5 @@ def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
                 self.transport.write(b"".join(head))
             self.transport.close()
 
+    GuardedHttpToolsProtocol.refuser = refuser  # type: ignore[attr-defined]  # its count, for tests and benches
     return GuardedHttpToolsProtocol

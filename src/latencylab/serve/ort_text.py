@@ -209,7 +209,22 @@ class OrtSessionKnobs:
         self._rebuild()
 
 
-class OrtTextVariant(OrtSessionKnobs, TextVariant):
+class CpuTextVariant(TextVariant):
+    """What every text variant over a CPU runtime's file (ONNX Runtime here, OpenVINO in serve/ov_runner.py)
+    shares: ``threads`` and an empty ``provenance`` (``serve --from`` fills it) set before :class:`TextVariant`
+    binds the model (``_bind`` reads them), and a refusal of any device but the CPU, naming ``RUNTIME``."""
+
+    RUNTIME = "CPU runtime"
+
+    def __init__(self, name: str, kind: str, tokenizer: Any, path: Path, *, threads: int = 1, **kw: Any) -> None:
+        self.threads = max(1, int(threads))
+        self.provenance: dict[str, Any] = {}
+        super().__init__(name, kind, tokenizer, path, **kw)
+        if self.device != "cpu":
+            raise LatencyLabError(f"variant {name!r}: the {self.RUNTIME} text variant runs on the CPU only")
+
+
+class OrtTextVariant(OrtSessionKnobs, CpuTextVariant):
     """A :class:`TextVariant` whose encoder is an ONNX Runtime session (CPU) over an embedding graph.
 
     The graph takes ``input_ids`` and ``attention_mask`` (int64, (rows, seq)) and returns (rows, hidden)
@@ -218,6 +233,8 @@ class OrtTextVariant(OrtSessionKnobs, TextVariant):
     ``long_input_threads``) adds a second session on that many threads for groups whose longest text has
     at least ``wide_tokens`` tokens.
     """
+
+    RUNTIME = "ONNX Runtime"
 
     def __init__(
         self,
@@ -233,17 +250,12 @@ class OrtTextVariant(OrtSessionKnobs, TextVariant):
     ) -> None:
         self.source = Path(path)
         self.path = fused_onnx(self.source, *fuse) if fuse else self.source
-        self.threads = max(1, int(threads))
         self.graph = graph
-        # where this rung comes from, for the model's metadata (serve --from fills it: serve/from_optimize.py)
-        self.provenance: dict[str, Any] = {}
         self._wide: Any = None
         self._wide_threads: int | None = None
         self._spin_us: int | None = None
         kw.setdefault("split_cost_tokens", SPLIT_COST_TOKENS_ORT)
-        super().__init__(name, kind, tokenizer, self.path, **kw)
-        if self.device != "cpu":
-            raise LatencyLabError(f"variant {name!r}: the ONNX Runtime text variant runs on the CPU only")
+        super().__init__(name, kind, tokenizer, self.path, threads=threads, **kw)
 
     def _bind(self, model: Any) -> int:
         self.session = ort_session(Path(model), self.threads, self._spin_us, self.graph)

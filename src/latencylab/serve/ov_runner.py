@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from latencylab.errors import LatencyLabError
-from latencylab.serve.variants_text import TextVariant
+from latencylab.serve.ort_text import CpuTextVariant
 from latencylab.serve.variants_vision import VisionVariant
 
 __all__ = ["OvModel", "OvTextVariant", "OvVisionVariant", "check_ov_interface"]
@@ -102,16 +102,14 @@ def check_ov_interface(model: OvModel, workload: str) -> None:
         )
 
 
-class OvTextVariant(TextVariant):
+class OvTextVariant(CpuTextVariant):
     """A :class:`TextVariant` whose encoder is an OpenVINO IR (``input_ids``, ``attention_mask`` -> ``embedding``)."""
+
+    RUNTIME = "OpenVINO"
 
     def __init__(self, name: str, kind: str, tokenizer: Any, path: Path, *, threads: int = 1, **kw: Any) -> None:
         self.path = Path(path)
-        self.threads = max(1, int(threads))
-        self.provenance: dict[str, Any] = {}
-        super().__init__(name, kind, tokenizer, self.path, **kw)
-        if self.device != "cpu":
-            raise LatencyLabError(f"variant {name!r}: the OpenVINO text variant runs on the CPU only")
+        super().__init__(name, kind, tokenizer, self.path, threads=threads, **kw)
 
     def _bind(self, model: Any) -> int:
         self.ov = OvModel(Path(model), self.threads)

@@ -413,7 +413,8 @@ class ModelService:
             target = deadline_ns
             if self.cfg.order_by == "slo":  # the bucket order protects start + SLO too (Batcher._pick)
                 target = min(deadline_ns, timing.start - timing.age_ns + int(self.cfg.slo_ms * 1e6))
-            batcher.submit(item, deadline_ns, fut, target)
+            # the order protects the finish admission planned (admit_by) from there on (Batcher._pick)
+            batcher.submit(item, deadline_ns, fut, target, recheck[0] if recheck is not None else None)
 
         if self.pool is None:  # inline on the event loop: no thread hand-over (one core: nothing to overlap)
             try:

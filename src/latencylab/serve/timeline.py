@@ -9,6 +9,12 @@ periods, each transition's switch time). Times are seconds since the recorder st
 clock (the clock the guard's transitions are stamped on). The file is rewritten every ``flush_s`` (written to a
 temporary name and renamed, so a reader never sees half a file) and once more on stop; a server that runs for
 weeks keeps the last ``max_samples`` samples.
+
+Beside it, every rung change is appended as it is seen (at the next sample) to ``<stem>.transitions.jsonl``
+(``transitions_path``): one JSON object a line (``t_s``, ``at_unix``, ``from``, ``to``, ``direction``,
+``reason``, ``quantile_ms``, ``alarm``: whether it entered the last rung, which raises the alarm), flushed at
+once, never rewritten: the whole history of a server that ran for weeks (the guard keeps its last 1,000) or was
+killed between two rewrites of the document.
 """
 
 from __future__ import annotations
@@ -39,6 +45,26 @@ def timeline_paths(path: str | Path, models: list[str]) -> dict[str, Path]:
     if len(models) == 1:
         return {models[0]: p}
     return {m: p.with_name(f"{p.stem}-{m}{p.suffix or '.json'}") for m in models}
+
+
+def transitions_path(path: Path) -> Path:
+    """The append-only rung-change log beside a timeline document: ``ladder.json`` -> ``ladder.transitions.jsonl``."""
+    return path.with_name(f"{path.stem}.transitions.jsonl")
+
+
+def transition_line(t: Any, t0_s: float, alarm: bool, at_unix: float) -> str:
+    """One rung change as a JSONL line (module docstring)."""
+    doc = {
+        "t_s": round(t.at_s - t0_s, 6),
+        "at_unix": round(at_unix, 3),
+        "from": t.from_name,
+        "to": t.to_name,
+        "direction": t.direction,
+        "reason": t.reason,
+        "quantile_ms": t.quantile_ms,
+        "alarm": alarm,
+    }
+    return json.dumps(doc) + "\n"
 
 
 def timeline_document(
@@ -96,6 +122,7 @@ class TimelineRecorder:
             m: collections.deque(maxlen=max_samples) for m in self.services
         }
         self._t0: dict[str, float] = {}
+        self._logged_at: dict[str, float] = {}  # clock time of the last transition appended to the JSONL log
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -115,6 +142,22 @@ class TimelineRecorder:
             rate = count / g.config.window_s
             with self._lock:
                 self._samples[m].append([now - t0, level, g.window_quantile(level), g.alarm_active, rate])
+            self._log_transitions(m, g, t0, now)
+
+    def _log_transitions(self, model: str, g: Any, t0: float, now: float) -> None:
+        """Append the transitions not logged yet to the model's JSONL log (created on the first one)."""
+        last = self._logged_at.get(model, float("-inf"))
+        new = [t for t in g.transitions if t.at_s > last]
+        if not new:
+            return
+        wall = time.time()
+        path = transitions_path(self.paths[model])
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                for t in new:
+                    f.write(transition_line(t, t0, t.to_level == len(g.levels) - 1, wall - (now - t.at_s)))
+            self._logged_at[model] = new[-1].at_s
 
     def write(self) -> list[Path]:
         """Write every model's timeline now; returns the paths written."""

@@ -1,29 +1,29 @@
 """Apache TVM candidates (``--families tvm``; ``pip install 'latencylab[tvm]'``): Relax from the ONNX export.
 
-``candidates(ctx)`` lists, from the same FP32 ONNX export as the ONNX Runtime family:
+``candidates(ctx)`` lists, from the same FP32 ONNX export as the ONNX Runtime family (the build itself:
+:mod:`.tvm_build`):
 
-* ``tvm-relax``: the graph imported into Relax (``relax.frontend.onnx.from_onnx``, symbolic batch and sequence
-  dimensions), ``DecomposeOpsForInference``, then ``tvm.compile`` for the host's LLVM target
-  (``Target.from_device(tvm.cpu())``: this CPU's ``-mcpu``) with the default pipelines (operator fusion, the
-  default schedules; **no tuning**);
-* ``tvm-relax-static``: the same, compiled once per distinct static input shape (TVM's strength: every loop
-  bound known), at most :data:`MAX_STATIC_SHAPES`, else skipped with the count.
+* ``tvm-relax``: the graph imported into Relax with symbolic batch and sequence dimensions, compiled for the
+  host's LLVM target with the default pipeline (operator fusion, **no tuning**);
+* ``tvm-relax-static``: the same compiled once per distinct static input shape (TVM's strength: every loop
+  bound known; the inputs fixed and the shape arithmetic folded before the import), at most
+  :data:`~.static_shapes.MAX_STATIC_SHAPES` shapes, else skipped with the count;
+* ``tvm-relax-buckets``: text inputs of many lengths padded to :data:`BUCKETS` length buckets (edges chosen on
+  the calibration feeds' lengths, :func:`~.static_shapes.pad_to_bucket`), one static library per bucket;
+* ``tvm-relax-tuned``: the static (or bucketed, when the inputs have too many shapes) libraries with
+  MetaSchedule tuning within ``--tune-time`` seconds per shape, its database cached per machine fingerprint
+  (:mod:`.tvm_tune`); skipped while ``--tune-time`` is 0 (the default). The recipe records the knobs
+  (``tune_time_s``, trials per round, the cost model) and the stats the spend beside the speed-up.
 
 Threads: TVM's runtime thread pool set to ``ctx.threads`` (``runtime.config_threadpool``), as the other
-families' intra-op threads. The compiled library is cached under ``ctx.workdir / "tvm"`` (named by a hash of
-the recipe, the FP32 file, the target and TVM's version) and is what ``optimize --out`` exports (``model.so``,
-loadable by ``tvm.runtime.load_module`` on a machine with the same CPU); ``serve --from`` does not serve it.
-
-Not here yet: MetaSchedule tuning bounded by ``--tune-time`` with its database cached per machine fingerprint
-(a later step: the recipe's ``tune_time_s`` is 0, and a non-zero value is refused), fusion depth as a knob.
+families' intra-op threads. ``optimize --out`` exports the compiled library (``model.so``, loadable by
+``tvm.runtime.load_module`` on a machine with the same CPU); ``serve --from`` does not serve it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,108 +32,97 @@ import numpy as np
 
 from latencylab.errors import LatencyLabError, MissingDependencyError
 from latencylab.optimize import shapes
-from latencylab.optimize.families.onnxruntime.common import _file_digest, _key
+from latencylab.optimize.families import feeds, static_shapes
+from latencylab.optimize.families.onnxruntime.common import _file_digest
+from latencylab.optimize.families.tvm_build import _tvm, compile_library, host_target, set_threads, shape_tag
 from latencylab.optimize.types import BuildContext, Candidate, Feed
 
-__all__ = ["BACKEND", "MAX_STATIC_SHAPES", "TvmRunner", "candidate_from_params", "candidates", "host_target"]
+__all__ = ["BACKEND", "BUCKETS", "TvmRunner", "candidate_from_params", "candidates", "host_target"]
 
 BACKEND = "tvm"
-EXTRA = "tvm"
-MAX_STATIC_SHAPES = 8
+BUCKETS = 4  # length buckets of the bucketed recipe (edges on the calibration lengths)
 
 
-def _tvm() -> Any:
-    try:
-        import tvm
-        from tvm import relax  # noqa: F401 (Relax is the part used; an install without it cannot run here)
-    except ImportError as exc:
-        raise MissingDependencyError("tvm", EXTRA) from exc
-    return tvm
+def _edges(ctx: BuildContext, k: int) -> list[int]:
+    """Up to ``k`` bucket edges from the calibration feeds' real lengths (all of them covered)."""
+    from latencylab.optimize.buckets import choose_buckets
+
+    lens = static_shapes.lengths(ctx.adapter.calibration())
+    return choose_buckets(lens, coverage=1.0, k=k) if lens else []
 
 
-def host_target() -> Any:
-    """The LLVM target of this CPU (its ``-mcpu``), as TVM detects it."""
-    tvm = _tvm()
-    return tvm.target.Target.from_device(tvm.cpu())
+def _prepare(
+    ctx: BuildContext, params: Mapping[str, Any]
+) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    """What the recipe does to a feed before the model: the shape policy, then the length buckets if any."""
+    policy = shapes.normalise(params.get("shape_policy"))
+    k = int(params.get("buckets") or 0)
+    edges = _edges(ctx, k) if k else []
 
+    def prep(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = shapes.apply(feed, policy)
+        return static_shapes.pad_to_bucket(out, edges) if k else out
 
-def set_threads(n: int) -> None:
-    """TVM's runtime thread pool: ``n`` workers (affinity mode 0, TVM's default)."""
-    _tvm().get_global_func("runtime.config_threadpool")(0, max(1, int(n)))
-
-
-def _compile(ctx: BuildContext, shape: Mapping[str, tuple[int, ...]] | None) -> tuple[Path, dict[str, Any]]:
-    """The ONNX export compiled to a shared library (cached): for ``shape`` (static) or symbolic dims."""
-    tvm = _tvm()
-    from tvm import relax
-
-    src = ctx.fp32_onnx()
-    target = host_target()
-    key = _key("tvm", dict(shape or {}), _file_digest(ctx, src), str(target), tvm.__version__)
-    dst = ctx.workdir / "tvm" / f"relax-{key}.so"
-    stats = {"target": str(target), "library": str(dst)}
-    if dst.is_file():
-        return dst, stats
-    import onnx
-    from tvm.relax.frontend.onnx import from_onnx
-
-    graph = onnx.load(str(src))
-    mod = from_onnx(graph, shape_dict={n: list(s) for n, s in (shape or {}).items()} or None,
-                                        keep_params_in_input=False)  # fmt: skip
-    mod = relax.transform.DecomposeOpsForInference()(mod)
-    ex = tvm.compile(mod, target=target)  # the default Relax and TIR pipelines: fusion, default schedules
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".relax-"))
-    try:
-        ex.export_library(str(tmp / "lib.so"))
-        os.replace(tmp / "lib.so", dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dst, stats
+    return prep
 
 
 class TvmRunner:
-    """A Relax virtual machine over the compiled library; with ``static``, one per distinct input shape
-    (compiled on first sight: the search's fidelity pass sees every held-out shape before it times)."""
+    """A Relax virtual machine over the compiled library; with ``static``, one per distinct input shape after
+    the recipe's preparation (shape policy, buckets), compiled on first sight (the search's fidelity pass sees
+    every held-out shape before it times), tuned first when the recipe has a ``tune_time_s``."""
 
-    def __init__(self, ctx: BuildContext, static: bool, shape_policy: str = shapes.AS_GIVEN) -> None:
+    def __init__(self, ctx: BuildContext, params: Mapping[str, Any]) -> None:
         self.ctx = ctx
-        self.static = static
-        self.shape_policy = shapes.normalise(shape_policy)
+        self.params = dict(params)
+        self.static = bool(params.get("static"))
+        self.tune_time_s = float(params.get("tune_time_s") or 0)
+        self.shape_policy = shapes.normalise(params.get("shape_policy"))
+        self.prepare = _prepare(ctx, params)
         self.tokens = shapes.TokenCounter()
         self.input_names = tuple(ctx.adapter.input_names)
         set_threads(ctx.threads)
-        self._vms: dict[Any, Any] = {}
+        self._vms: static_shapes.PerShape[Any] = static_shapes.PerShape(self._vm_for)
         self.stats: dict[str, Any] = {"static_shapes": 0, "tune_time_s": 0.0}
-        self._dynamic = None if static else self._vm(None)
+        if params.get("buckets"):
+            self.stats["bucket_edges"] = _edges(ctx, int(params["buckets"]))
+        self._dynamic = None if self.static else self._vm(None)
+
+    def _vm_for(self, key: static_shapes.ShapeKey) -> Any:
+        vm = self._vm(dict(key))
+        self.stats["static_shapes"] = len(self._vms) + 1
+        return vm
 
     def _vm(self, shape: Mapping[str, tuple[int, ...]] | None) -> Any:
         tvm = _tvm()
         from tvm import relax
 
-        path, stats = _compile(self.ctx, shape)
+        db = self._tune(shape) if shape and self.tune_time_s > 0 else None
+        path, stats = compile_library(self.ctx, shape, db)
         self.stats.update(stats)
         self.path = path
         return relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
 
+    def _tune(self, shape: Mapping[str, tuple[int, ...]]) -> Path:
+        from latencylab.optimize.families import tvm_build, tvm_tune
+
+        tvm = _tvm()
+        src = tvm_build.source_for(self.ctx, shape)
+        machine = tvm_tune.machine_key(str(host_target()), tvm.__version__)
+        work = tvm_tune.database_dir(machine, _file_digest(self.ctx, src), shape_tag(shape))
+        got = tvm_tune.tune(src, work, self.tune_time_s, self.ctx.threads)
+        self.stats["tune_time_s"] = round(float(self.stats["tune_time_s"]) + float(got["tune_time_s"]), 3)
+        self.stats["tuning_reused"] = bool(got["tuning_reused"]) and self.stats.get("tuning_reused", True)
+        self.stats["trials"] = int(self.stats.get("trials", 0)) + int(got.get("trials", 0))
+        self.stats["machine"] = machine
+        return work
+
     def run(self, feed: Feed) -> np.ndarray:
         tvm = _tvm()
-        try:
-            inputs = {n: np.ascontiguousarray(feed[n]) for n in self.input_names}
-        except KeyError as exc:
-            want = list(self.input_names)
-            raise LatencyLabError(f"feed has no input {exc.args[0]!r}; the model wants {want}") from exc
-        inputs = shapes.apply(inputs, self.shape_policy)
+        inputs = self.prepare(feeds.pick(feed, self.input_names))
         self.tokens.count(inputs)
-        vm = self._dynamic
+        vm = self._dynamic if self._dynamic is not None else self._vms.get(inputs)
         if vm is None:
-            key = tuple((n, tuple(int(d) for d in a.shape)) for n, a in inputs.items())
-            vm = self._vms.get(key)
-            if vm is None:
-                if len(self._vms) >= MAX_STATIC_SHAPES:
-                    raise LatencyLabError(f"more than {MAX_STATIC_SHAPES} distinct input shapes")
-                vm = self._vms[key] = self._vm(dict(key))
-                self.stats["static_shapes"] = len(self._vms)
+            raise LatencyLabError(f"more than {static_shapes.MAX_STATIC_SHAPES} distinct input shapes")
         out = vm["main"](*(tvm.runtime.tensor(inputs[n]) for n in self.input_names))
         if not hasattr(out, "numpy"):  # a tuple of outputs: the first is the model's output
             out = out[0]
@@ -158,16 +147,18 @@ def _skip(params: Mapping[str, Any]) -> Callable[[BuildContext], str | None]:
             return str(exc)
         if ctx.device != "cpu":
             return f"the host LLVM target only (device is {ctx.device})"
-        if float(params.get("tune_time_s") or 0) > 0:
-            return "MetaSchedule tuning (tune_time_s > 0) is not implemented yet"
+        if params.get("tune"):
+            if float(params.get("tune_time_s") or 0) <= 0:
+                return "MetaSchedule tuning is off (--tune-time 0, the default)"
+            from latencylab.optimize.families import tvm_tune
+
+            crashed = tvm_tune.known_crash(tvm_tune.machine_key(str(host_target()), _tvm().__version__))
+            if crashed:
+                return crashed
+        if params.get("buckets") and not static_shapes.lengths(ctx.adapter.calibration()):
+            return "no attention mask in the inputs: nothing to bucket by length"
         if params.get("static"):
-            policy = shapes.normalise(params.get("shape_policy"))
-            seen = {tuple((n, a.shape) for n, a in sorted(shapes.apply(f, policy).items())) for f in ctx.all_feeds()}
-            if len(seen) > MAX_STATIC_SHAPES:
-                return (
-                    f"{len(seen)} distinct input shapes: static shapes compile one library per shape, at most "
-                    f"{MAX_STATIC_SHAPES} (give fixed-length inputs, e.g. --param padding=max_length)"
-                )
+            return static_shapes.too_many(static_shapes.distinct(ctx.all_feeds(), _prepare(ctx, params)), "library")
         return None
 
     return why
@@ -179,7 +170,7 @@ def candidate_from_params(name: str, family: str, params: Mapping[str, Any], des
 
     def build(ctx: BuildContext) -> TvmRunner:
         try:
-            return TvmRunner(ctx, bool(frozen.get("static")), str(frozen.get("shape_policy") or shapes.AS_GIVEN))
+            return TvmRunner(ctx, frozen)
         except MissingDependencyError:
             raise
         except Exception as exc:  # a graph TVM cannot import or compile: the search says why and goes on
@@ -191,8 +182,17 @@ def candidate_from_params(name: str, family: str, params: Mapping[str, Any], des
 
 
 def candidates(ctx: BuildContext) -> list[Candidate]:
-    """The TVM grid (cheap to list: nothing is imported or compiled until built)."""
+    """The TVM grid (cheap to list: nothing is imported or compiled until built). The tuned recipe takes the
+    search's ``--tune-time`` (``ctx.cache["tune_time_s"]``, 0 = off) and buckets the lengths when the held-out
+    inputs have more static shapes than it may compile."""
+    from latencylab.optimize.families import tvm_tune
+
     base = {"source": "fp32-onnx", "target": "host-llvm", "pipeline": "default", "tune_time_s": 0}
+    tune_s = float(ctx.cache.get("tune_time_s") or 0)
+    tuned = {**base, "static": True, "tune": True, "tune_time_s": tune_s, "pipeline": "metaschedule",
+             "trials_per_round": tvm_tune.TRIALS_PER_ROUND, "cost_model": "random"}  # fmt: skip
+    if tune_s > 0 and static_shapes.too_many(static_shapes.distinct(ctx.all_feeds(), _prepare(ctx, tuned))):
+        tuned["buckets"] = BUCKETS
     return [
         candidate_from_params(
             "tvm-relax",
@@ -204,6 +204,18 @@ def candidates(ctx: BuildContext) -> list[Candidate]:
             "tvm-relax-static",
             "compile",
             {**base, "static": True},
-            "the same compiled per static input shape (a few shapes), no tuning",
+            "the same compiled per static input shape (a few shapes; inputs fixed before the import), no tuning",
+        ),
+        candidate_from_params(
+            "tvm-relax-buckets",
+            "compile",
+            {**base, "static": True, "buckets": BUCKETS},
+            f"static libraries per length bucket ({BUCKETS} edges on the calibration lengths; padded), no tuning",
+        ),
+        candidate_from_params(
+            "tvm-relax-tuned",
+            "compile",
+            tuned,
+            f"static shapes with MetaSchedule tuning, {tune_s:g} s per shape, database cached per machine",
         ),
     ]

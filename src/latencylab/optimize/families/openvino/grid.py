@@ -14,7 +14,9 @@ from typing import Any
 
 from latencylab.errors import LatencyLabError, MissingDependencyError
 from latencylab.optimize import shapes
+from latencylab.optimize.families import static_shapes
 from latencylab.optimize.families.onnxruntime.common import _feeds_digest, _file_digest, _key
+from latencylab.optimize.families.openvino import accuracy
 from latencylab.optimize.families.openvino.common import (
     BACKEND,
     PRECISIONS,
@@ -25,10 +27,11 @@ from latencylab.optimize.families.openvino.common import (
     cached_ir,
     core,
 )
-from latencylab.optimize.families.openvino.runner import MAX_STATIC_SHAPES, OvRunner
+from latencylab.optimize.families.openvino.runner import OvRunner
+from latencylab.optimize.lab_summary import default_budget
 from latencylab.optimize.types import BuildContext, Candidate, Feed
 
-MODES = ("ptq", "weights")
+MODES = ("ptq", "ptq-ac", "weights")
 MODEL_TYPES = (None, "transformer")
 
 
@@ -50,13 +53,18 @@ def _source_model(ctx: BuildContext, q: Mapping[str, Any] | None) -> tuple[Any, 
     src = ctx.fp32_onnx()
     if not q:
         return core().read_model(str(src)), {}
-    calib = ctx.adapter.calibration() if q["mode"] == "ptq" else []
-    key = _key("ov", dict(q), _file_digest(ctx, src), _feeds_digest(calib), _ov().__version__)
+    calib = ctx.adapter.calibration() if q["mode"] != "weights" else []
+    seen = _feeds_digest(ctx.all_feeds()) if q["mode"] == "ptq-ac" else ""  # the loop's validation feeds
+    key = _key("ov", dict(q), _file_digest(ctx, src), _feeds_digest(calib), seen, _ov().__version__)
     dst = ctx.workdir / SUBDIR / f"{q['mode']}-{key}.xml"
 
     def make() -> Any:
         nncf = _nncf()
         model = core().read_model(str(src))
+        if q["mode"] == "ptq-ac":
+            out, ac_stats = accuracy.quantize(ctx, model, calib, q)
+            accuracy.save_stats(dst, ac_stats)
+            return out
         with _quiet():
             if q["mode"] == "weights":
                 return nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
@@ -66,7 +74,10 @@ def _source_model(ctx: BuildContext, q: Mapping[str, Any] | None) -> tuple[Any, 
             return nncf.quantize(model, _dataset(model, calib), **kw)
 
     path = cached_ir(dst, make)
-    return core().read_model(str(path)), {"ir": str(path), "calibration_feeds": len(calib)}
+    stats: dict[str, Any] = {"ir": str(path), "calibration_feeds": len(calib)}
+    if q["mode"] == "ptq-ac":
+        stats["accuracy_control"] = accuracy.load_stats(path)
+    return core().read_model(str(path)), stats
 
 
 def build_runner(ctx: BuildContext, params: Mapping[str, Any], name: str = "ov") -> OvRunner:
@@ -87,8 +98,7 @@ def build_runner(ctx: BuildContext, params: Mapping[str, Any], name: str = "ov")
 
 def distinct_shapes(ctx: BuildContext, policy: str) -> int:
     """How many distinct input shapes the held-out feeds have after the shape policy."""
-    seen = {tuple((n, tuple(a.shape)) for n, a in sorted(shapes.apply(f, policy).items())) for f in ctx.all_feeds()}
-    return len(seen)
+    return static_shapes.distinct(ctx.all_feeds(), lambda f: shapes.apply(f, policy))
 
 
 def _skip(params: Mapping[str, Any]) -> Callable[[BuildContext], str | None]:
@@ -102,7 +112,7 @@ def _skip(params: Mapping[str, Any]) -> Callable[[BuildContext], str | None]:
         if ctx.device != "cpu":
             return f"OpenVINO's CPU plugin only (device is {ctx.device})"
         q = params.get("quantization") or {}
-        if q.get("mode") == "ptq" and not ctx.adapter.calibration():
+        if q.get("mode") in ("ptq", "ptq-ac") and not ctx.adapter.calibration():
             return "no calibration feeds"
         if q.get("model_type") == "transformer":
             from latencylab.optimize.families.onnxruntime.graph import _transformer
@@ -115,12 +125,7 @@ def _skip(params: Mapping[str, Any]) -> Callable[[BuildContext], str | None]:
             if why_exact:
                 return why_exact
         if params.get("static"):
-            n = distinct_shapes(ctx, policy)
-            if n > MAX_STATIC_SHAPES:
-                return (
-                    f"{n} distinct input shapes: static shapes compile one model per shape, at most "
-                    f"{MAX_STATIC_SHAPES} (give fixed-length inputs, e.g. --param padding=max_length)"
-                )
+            return static_shapes.too_many(distinct_shapes(ctx, policy))
         return None
 
     return why
@@ -151,11 +156,22 @@ def _recipe(
 
 PTQ = {"tool": "nncf", "mode": "ptq", "model_type": None}
 PTQ_TRANSFORMER = {"tool": "nncf", "mode": "ptq", "model_type": "transformer"}
+
+
+def accuracy_control(budget: str, transformer: bool = False) -> dict[str, Any]:
+    """The recipe of NNCF's accuracy-control loop within ``budget`` (:mod:`.accuracy`)."""
+    model_type = "transformer" if transformer else None
+    q = {"tool": "nncf", "mode": "ptq-ac", "model_type": model_type, "budget": budget}
+    return {**q, "max_reverts": accuracy.MAX_REVERTS}
+
+
 WEIGHTS = {"tool": "nncf", "mode": "weights", "weights": "int8_asym", "model_type": None}
 
 
 def candidates(ctx: BuildContext) -> list[Candidate]:
-    """The OpenVINO grid (cheap to list: nothing is read, quantised or compiled until built)."""
+    """The OpenVINO grid (cheap to list: nothing is read, quantised or compiled until built). The
+    accuracy-control recipes take the search's budget (``ctx.cache["budget"]``, set by the lab) or the default."""
+    budget = str(ctx.cache.get("budget") or default_budget(ctx.adapter))
     specs: list[tuple[str, str, dict[str, Any], str]] = [
         ("ov-fp32", "compile", _recipe(), "OpenVINO CPU plugin, FP32 inference precision, dynamic shapes"),
         (
@@ -183,6 +199,18 @@ def candidates(ctx: BuildContext) -> list[Candidate]:
             "int8-static",
             _recipe(PTQ_TRANSFORMER, static=True),
             "the transformer INT8 model, reshaped and compiled per static input shape",
+        ),
+        (
+            "ov-int8-ac",
+            "int8-static",
+            _recipe(accuracy_control(budget)),
+            f"NNCF's accuracy-control loop within {budget} (defaults; reverts the costliest quantisers to float)",
+        ),
+        (
+            "ov-int8-transformer-ac",
+            "int8-static",
+            _recipe(accuracy_control(budget, transformer=True)),
+            f"NNCF's accuracy-control loop within {budget} from the transformer recipe",
         ),
         (
             "ov-int8-weights",

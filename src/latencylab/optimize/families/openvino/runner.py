@@ -8,16 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from latencylab.errors import LatencyLabError
 from latencylab.optimize import shapes
+from latencylab.optimize.families import feeds
 from latencylab.optimize.families.openvino.common import compile_model, save_ir
+from latencylab.optimize.families.static_shapes import PerShape, ShapeKey
 from latencylab.optimize.types import Feed
 
-# Static shapes: one compiled model per distinct input shape, at most this many (a few shapes that cover the
-# real lengths, as TensorRT's optimisation profiles do); a shape beyond them runs on the dynamic model.
-MAX_STATIC_SHAPES = 8
-
-ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+# Static shapes (one compiled model per distinct input shape, at most MAX_STATIC_SHAPES): a shape beyond them
+# runs on the dynamic model.
 
 
 class OvRunner:
@@ -49,33 +47,27 @@ class OvRunner:
         self.input_names = tuple(i.get_any_name() for i in model.inputs)
         self._dynamic = compile_model(model, self.threads, precision)
         self._request = self._dynamic.create_infer_request()
-        self._static: dict[ShapeKey, Any] = {}
+        self._static: PerShape[Any] = PerShape(self._compile_static)
         self.stats: dict[str, Any] = {"precision": precision, "static_shapes": 0, **(stats or {})}
+
+    def _compile_static(self, key: ShapeKey) -> Any:
+        m = self.model.clone()
+        m.reshape({n: list(s) for n, s in key})
+        req = compile_model(m, self.threads, self.precision).create_infer_request()
+        self.stats["static_shapes"] = len(self._static) + 1
+        return req
 
     def _request_for(self, inputs: dict[str, np.ndarray]) -> Any:
         if not self.static:
             return self._request
-        key: ShapeKey = tuple((n, tuple(int(d) for d in a.shape)) for n, a in inputs.items())
-        req = self._static.get(key)
+        req = self._static.get(inputs)
         if req is None:
-            if len(self._static) >= MAX_STATIC_SHAPES:
-                self.stats["dynamic_calls"] = int(self.stats.get("dynamic_calls", 0)) + 1
-                return self._request
-            m = self.model.clone()
-            m.reshape({n: list(s) for n, s in key})
-            req = compile_model(m, self.threads, self.precision).create_infer_request()
-            self._static[key] = req
-            self.stats["static_shapes"] = len(self._static)
+            self.stats["dynamic_calls"] = int(self.stats.get("dynamic_calls", 0)) + 1
+            return self._request
         return req
 
     def run(self, feed: Feed) -> np.ndarray:
-        try:
-            inputs = {n: np.ascontiguousarray(feed[n]) for n in self.input_names}
-        except KeyError as exc:
-            raise LatencyLabError(
-                f"feed has no input {exc.args[0]!r}; the model wants {list(self.input_names)}"
-            ) from exc
-        inputs = shapes.apply(inputs, self.shape_policy)
+        inputs = shapes.apply(feeds.pick(feed, self.input_names), self.shape_policy)
         self.tokens.count(inputs)
         req = self._request_for(inputs)
         req.infer(inputs)

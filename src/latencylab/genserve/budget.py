@@ -1,0 +1,74 @@
+"""The prefill budget of a step, tied to the TPOT objective: how many prompt tokens a step may prefill.
+
+A step that prefills ``p`` seconds of prompt stalls every decoding sequence by ``p``: their next token comes
+``decode + p`` after the last one. TPOT is an average over a reply, ``(last - first) / (tokens - 1)``, so a
+sequence can absorb a stall as long as its average stays under the objective. A decoding sequence with ``k``
+tokens, ``elapsed`` seconds after its first, has the *slack* ``target x (k - 1) - elapsed`` (negative: it is
+already over), and with ``m`` more tokens expected after this step, its final TPOT stays within ``target`` if
+this step's prefill takes at most::
+
+    p_max = slack + (target - d) + m x (target - d_full)
+
+``d`` is this step's decode, ``d_full`` what a later step may cost: the decode step of the largest batch
+allowed plus the smallest prefill (``min_tokens``, which every step may take). The batch may fill up and
+later prompts still go in before the sequence ends; slack planned on today's small batch and on steps without
+prefill would be spent twice (a sequence then ends over its objective, as a first version of this rule did
+under overload: 251 ms on the fake engine of tests/test_genserve_budget.py).
+
+The step's budget is the smallest ``p_max`` over the decoding sequences, turned into prompt tokens with the
+learnt prefill cost, clamped to ``[min_tokens, max_tokens]``: the floor keeps every prompt moving (no
+starvation), the ceiling bounds one forward. With nothing decoding there is no stream to stall, so a step
+prefills up to ``max_tokens`` at once: one forward for a whole prompt instead of a chunk a step (fewer fixed
+costs per forward and no decode steps in between, the lowest TTFT a lone request can get). Under light load
+the running sequences have slack and a new prompt goes in in large chunks (prefill first); under overload,
+with the batch's decode step near the objective, it goes in small ones and the TPOT of the batch holds.
+
+Admission replays the same rule (genserve/forecast.py), so a TTFT forecast counts the smaller chunks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from latencylab.genserve.cost import StepCosts
+
+__all__ = ["PrefillBudget"]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillBudget:
+    """``target_s``: the TPOT a step plans for (a fraction of the objective); token bounds of a step's prefill."""
+
+    target_s: float
+    min_tokens: int = 16
+    max_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.target_s <= 0:
+            raise ValueError(f"target_s must be > 0, got {self.target_s}")
+        if not 1 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {self.min_tokens}, {self.max_tokens}")
+
+    def later_step_s(self, costs: StepCosts, max_batch: int) -> float:
+        """What a later step is planned to cost (``d_full``): the largest batch's decode and the smallest prefill."""
+        return costs.decode_s(max_batch) + costs.prefill_s(self.min_tokens)
+
+    def max_prefill_s(self, slack_s: float, more_tokens: int, decode_s: float, full_decode_s: float) -> float:
+        """The prefill seconds one decoding sequence tolerates this step (``p_max`` in the module docstring)."""
+        return slack_s + (self.target_s - decode_s) + max(0, more_tokens) * (self.target_s - full_decode_s)
+
+    def tokens(
+        self, decoders: Iterable[tuple[float, int]], decode_s: float, full_decode_s: float, costs: StepCosts
+    ) -> int:
+        """The step's prefill budget in tokens; ``decoders``: (slack seconds, tokens expected after this step);
+        ``decode_s``: this step's decode, ``full_decode_s``: the largest batch's."""
+        allowed = min((self.max_prefill_s(sl, m, decode_s, full_decode_s) for sl, m in decoders), default=math.inf)
+        if allowed == math.inf:
+            return self.max_tokens
+        per = costs.prefill_per_token_s
+        if not per:
+            return self.min_tokens
+        n = math.floor((allowed - costs.prefill_overhead_s) / per + 1e-9)
+        return max(self.min_tokens, min(self.max_tokens, n))

@@ -1,0 +1,131 @@
+"""TVM's part of the build: import the ONNX export into Relax and compile it for this CPU, cached.
+
+**Static shapes are fixed before the import.** TVM 0.27's Relax ONNX importer cannot import MiniLM's export with
+symbolic dimensions, nor with a ``shape_dict`` alone (``broadcast_to ... ndim`` from a ``ConstantOfShape``: the
+export computes shapes at run time). So for a static shape the graph's inputs are first made fixed
+(``onnxruntime.tools.onnx_model_utils.make_input_shape_fixed``) and the shape arithmetic is folded away by ONNX
+Runtime's basic graph optimisation (constant folding, redundant nodes; the operators stay standard ONNX), and
+TVM imports that. The dynamic recipe imports the export as it is.
+
+Then ``DecomposeOpsForInference`` and ``tvm.compile`` for the host's LLVM target (``Target.from_device``: this
+CPU's ``-mcpu``) with the default pipeline (operator fusion; no schedules on a CPU: TIR's naive loops), or, with
+a tuning database (:mod:`.tvm_tune`), MetaSchedule's ``compile_relax``. The library is cached under
+``ctx.workdir / "tvm"``, named by a hash of the recipe, the FP32 file, the shape, the target and TVM's version.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from latencylab.errors import MissingDependencyError
+from latencylab.optimize.families.onnxruntime.common import _file_digest, _key
+from latencylab.optimize.types import BuildContext
+
+EXTRA = "tvm"
+Shape = Mapping[str, tuple[int, ...]]
+
+
+def _tvm() -> Any:
+    try:
+        import tvm
+        from tvm import relax  # noqa: F401 (Relax is the part used; an install without it cannot run here)
+    except ImportError as exc:
+        raise MissingDependencyError("tvm", EXTRA) from exc
+    return tvm
+
+
+def host_target() -> Any:
+    """The LLVM target of this CPU (its ``-mcpu``), as TVM detects it."""
+    tvm = _tvm()
+    return tvm.target.Target.from_device(tvm.cpu())
+
+
+def set_threads(n: int) -> None:
+    """TVM's runtime thread pool: ``n`` workers (affinity mode 0, TVM's default)."""
+    _tvm().get_global_func("runtime.config_threadpool")(0, max(1, int(n)))
+
+
+def fixed_onnx(src: Path, shape: Shape, dst: Path) -> Path:
+    """``src`` with its inputs fixed to ``shape`` and its shape arithmetic folded (module docstring)."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.tools.onnx_model_utils import fix_output_shapes, make_input_shape_fixed
+
+    if dst.is_file():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    model = onnx.load(str(src))
+    for name, dims in shape.items():
+        make_input_shape_fixed(model.graph, name, [int(d) for d in dims])
+    fix_output_shapes(model)
+    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".fixed-"))
+    try:
+        onnx.save(model, str(tmp / "fixed.onnx"))
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = str(tmp / "folded.onnx")
+        ort.InferenceSession(str(tmp / "fixed.onnx"), so, providers=["CPUExecutionProvider"])
+        os.replace(tmp / "folded.onnx", dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dst
+
+
+def relax_module(onnx_path: Path) -> Any:
+    """The ONNX file imported into Relax, inference ops decomposed."""
+    import onnx
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    mod = from_onnx(onnx.load(str(onnx_path)), keep_params_in_input=False)
+    return relax.transform.DecomposeOpsForInference()(mod)
+
+
+def shape_tag(shape: Shape | None) -> str:
+    return "dyn" if not shape else "-".join(f"{n}{'x'.join(map(str, d))}" for n, d in sorted(shape.items()))
+
+
+def source_for(ctx: BuildContext, shape: Shape | None) -> Path:
+    """The ONNX file TVM imports: the export as is (dynamic) or fixed to ``shape`` and folded (static)."""
+    src = ctx.fp32_onnx()
+    if not shape:
+        return src
+    key = _key("tvm-fixed", dict(shape), _file_digest(ctx, src))
+    return fixed_onnx(src, shape, ctx.workdir / "tvm" / f"fixed-{key}.onnx")
+
+
+def compile_library(
+    ctx: BuildContext, shape: Shape | None, database_dir: Path | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """The compiled shared library for ``shape`` (None: symbolic dims), cached; with ``database_dir``, the
+    MetaSchedule tuning records there are applied (``compile_relax``)."""
+    tvm = _tvm()
+    target = host_target()
+    onnx_path = source_for(ctx, shape)
+    tuned = str(database_dir) if database_dir else ""
+    key = _key("tvm", dict(shape or {}), _file_digest(ctx, onnx_path), str(target), tvm.__version__, tuned)
+    dst = ctx.workdir / "tvm" / f"relax-{shape_tag(shape)}-{key}.so"
+    stats: dict[str, Any] = {"target": str(target), "library": str(dst)}
+    if dst.is_file():
+        return dst, stats
+    mod = relax_module(onnx_path)
+    if database_dir is not None:
+        from tvm.s_tir import meta_schedule as ms
+
+        db = ms.database.JSONDatabase(work_dir=str(database_dir), allow_missing=False)
+        ex = ms.relax_integration.compile_relax(db, mod, target, None)
+    else:
+        ex = tvm.compile(mod, target=target)  # the default Relax and TIR pipelines: fusion, default schedules
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".relax-"))
+    try:
+        ex.export_library(str(tmp / "lib.so"))
+        os.replace(tmp / "lib.so", dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dst, stats
