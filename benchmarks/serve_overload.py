@@ -66,6 +66,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _serving import (
@@ -201,7 +203,55 @@ def summarise(label: str, res: LoadResult, rec: Records, slo_ms: float, duration
         "client_cpu_percent": s["client_cpu_percent"],
         "errors_by_reason": s["errors_by_reason"],
         "windows": windows(rec.intended_ns, rec.done_ns, rec.outcome, WINDOW_S, slo_ms, duration_s),
+        "tail": tail_evidence(rec, slo_ms, duration_s),
     }
+
+
+def tail_evidence(rec: Records, slo_ms: float, duration_s: float, bin_s: float = 0.5) -> list[dict[str, Any]]:
+    """Where the answers over the SLO come from, per 10-s window, from the generator's records alone (nothing is
+    asked of the server while it runs): how many ok answers were over the SLO and how bunched they were (the
+    most in one ``bin_s`` bin of intended send time, and in how many bins they fell), how late their sends went
+    out against every ok's (the generator's own share), and the server's stalls as seen from outside: the longest
+    gap between consecutive answers of any kind (503s included; at hundreds per second a gap over 20 ms means
+    the server answered nothing), and how many gaps exceeded 20 ms. (Issue 22, session 14.)"""
+    lat_ms = (rec.done_ns - rec.intended_ns) / 1e6
+    late_ms = (rec.sent_ns - rec.intended_ns) / 1e6
+    ok = rec.outcome == 0
+    width = int(WINDOW_S * 1e9)
+    n_win = max(1, round(duration_s / WINDOW_S))
+    done = np.sort(rec.done_ns[rec.done_ns > 0])
+    out = []
+    for b in range(n_win):
+        m = (rec.intended_ns // width) == b
+        over = m & ok & (lat_ms > slo_ms)
+        bins = ((rec.intended_ns[over] - b * width) // int(bin_s * 1e9)).astype(np.int64)
+        counts = np.bincount(bins) if bins.size else np.zeros(1, dtype=np.int64)
+        d = done[(done >= b * width) & (done < (b + 1) * width)]
+        gaps = np.diff(d) / 1e6 if d.size > 1 else np.zeros(1)
+        out.append({
+            "ok": int((m & ok).sum()),
+            "over_slo": int(over.sum()),
+            "over_max_in_bin": int(counts.max()),
+            "over_bins": int((counts > 0).sum()),
+            "over_send_late_p50_ms": float(np.median(late_ms[over])) if over.any() else None,
+            "ok_send_late_p99_ms": float(np.quantile(late_ms[m & ok], 0.99)) if (m & ok).any() else None,
+            "answer_gap_max_ms": float(gaps.max()),
+            "answer_gaps_over_20ms": int((gaps > 20.0).sum()),
+        })  # fmt: skip
+    return out
+
+
+def tail_line(m: dict[str, Any]) -> str:
+    """The tail evidence of one overload run, one line per window."""
+    rows = []
+    for i, t in enumerate(m["tail"]):
+        rows.append(
+            f"    window {i + 1}: {t['over_slo']} of {t['ok']} ok over the SLO (at most {t['over_max_in_bin']} in one "
+            f"0.5-s bin, in {t['over_bins']} bins; send lateness p50 {fmt(t['over_send_late_p50_ms'], '.2f')} ms, "
+            f"every ok's p99 {fmt(t['ok_send_late_p99_ms'], '.2f')} ms); longest gap between answers "
+            f"{t['answer_gap_max_ms']:.1f} ms, {t['answer_gaps_over_20ms']} over 20 ms"
+        )
+    return "\n".join(rows)
 
 
 def main() -> int:
@@ -375,6 +425,7 @@ def one_run(
                 margin = by_label(scrape(url) or {}, "latencylab_server_admission_margin_seconds", "variant")
                 m["learned_margin_ms_at_end"] = 1e3 * max(margin.values()) if margin else None
                 print(f"  {label}: learned admission margin at the end {fmt(m['learned_margin_ms_at_end'], '.2f')} ms")
+                print(f"  {label}: the tail (generator's records)\n{tail_line(m)}", flush=True)
                 return m
 
             if args.at_capacity_s > 0:
