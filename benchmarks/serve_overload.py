@@ -241,6 +241,30 @@ def tail_evidence(rec: Records, slo_ms: float, duration_s: float, bin_s: float =
     return out
 
 
+def hist_quantile(d: dict[tuple[str, str], float], name: str, q: float, **labels: str) -> float | None:
+    """The ``q`` quantile (ms) of a Prometheus histogram's increase between two scrapes (``d``: their delta), by
+    linear interpolation inside its bucket (the server's stage buckets are 5% of the SLO apart near it)."""
+    cum: dict[float, float] = {}
+    for (n, lab), v in d.items():
+        if n != f"{name}_bucket" or not all(f'{k}="{val}"' in lab for k, val in labels.items()):
+            continue
+        le = lab.split('le="', 1)[1].split('"', 1)[0]
+        edge = float("inf") if le == "+Inf" else float(le)
+        cum[edge] = cum.get(edge, 0.0) + v
+    edges = sorted(cum)
+    if not edges or cum[edges[-1]] <= 0:
+        return None
+    rank = q * cum[edges[-1]]
+    lo_edge, lo_n = 0.0, 0.0
+    for e in edges:
+        if cum[e] >= rank:
+            if e == float("inf"):
+                return 1e3 * lo_edge
+            return 1e3 * (lo_edge + (e - lo_edge) * (rank - lo_n) / max(cum[e] - lo_n, 1e-9))
+        lo_edge, lo_n = e, cum[e]
+    return None
+
+
 def tail_line(m: dict[str, Any]) -> str:
     """The tail evidence of one overload run, one line per window."""
     rows = []
@@ -422,10 +446,19 @@ def one_run(
                 bs_n = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_count")
                 m["server_mean_batch_size"] = bs_sum / bs_n if bs_n else None
                 m["server_stages_mean_ms"] = dict(res.server["server_stages_mean_ms"]) if res.server else None
+                # the server's own view of its tail, over the whole run (histograms scraped before and after):
+                # handler start -> response built, and the age on arrival at the handler (from X-Request-Start)
+                stage = "latencylab_server_stage_seconds"
+                m["server_request_p99_ms"] = hist_quantile(d, stage, 0.99, stage="request")
+                m["server_age_p99_ms"] = hist_quantile(d, "latencylab_server_request_age_at_handler_seconds", 0.99)
                 margin = by_label(scrape(url) or {}, "latencylab_server_admission_margin_seconds", "variant")
                 m["learned_margin_ms_at_end"] = 1e3 * max(margin.values()) if margin else None
                 print(f"  {label}: learned admission margin at the end {fmt(m['learned_margin_ms_at_end'], '.2f')} ms")
-                print(f"  {label}: the tail (generator's records)\n{tail_line(m)}", flush=True)
+                print(f"  {label}: the server's p99 handler -> response {fmt(m['server_request_p99_ms'], '.2f')} ms, "
+                      f"age at the handler {fmt(m['server_age_p99_ms'], '.2f')} ms (whole run; "
+                      f"the age counts refused requests too); the tail (generator's records)",
+                      flush=True)  # fmt: skip
+                print(tail_line(m), flush=True)
                 return m
 
             if args.at_capacity_s > 0:
