@@ -225,6 +225,24 @@ def test_search_config_is_validated() -> None:
         repeat_capacity(Queue("exp", 0.01), Slo.parse("p99=100ms"), CFG, repeat=0)
 
 
+def test_one_late_send_of_a_short_chunk_is_no_generator_failure() -> None:
+    # At 4.4/s a 2.5-s chunk has ~11 sends: one held up by the OS is 9% of them. Up to max_late_sends late sends
+    # are kept whatever their fraction (a late send counts from its intended time: it can only look worse).
+    def chunk(rate: float, late: int) -> Segment:
+        n = 12
+        why = f"generator fell behind: {late / n:.1%} of requests were sent more than 1 ms after their intended time"
+        t = np.arange(n, dtype=np.int64) * 200_000_000
+        return Segment(rate, t, t + 10_000_000, np.zeros(n, np.int8), False, why, "", late / n, True)
+
+    assert chunk(4.4, 1).late_sends == 1 and chunk(4.4, 3).late_sends == 3
+    assert chunk(4.4, 1).usable(0.05, 2) and chunk(4.4, 2).usable(0.05, 2)
+    assert not chunk(4.4, 3).usable(0.05, 2)  # 3 of 12 late: 25%, the generator's own trouble
+    assert not chunk(4.4, 1).usable(0.05)  # no allowance: the fraction rule alone
+    assert SearchConfig().max_late_sends == 2
+    with pytest.raises(ValueError):
+        SearchConfig(max_late_sends=-1)
+
+
 def test_a_chunk_late_on_a_few_sends_is_kept_when_allowed() -> None:
     inner = Queue("exp", 0.01)
 

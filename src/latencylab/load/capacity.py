@@ -118,10 +118,17 @@ class Segment:
             bool(reasons) and all(_generator_reason(r).startswith("generator fell behind") for r in reasons),
         )  # fmt: skip
 
-    def usable(self, max_late_fraction: float) -> bool:
-        """Valid, or late on at most ``max_late_fraction`` of its sends and otherwise valid: a late send's latency
-        still counts from its intended time, so lateness can only make the step look worse, never better."""
-        return self.valid or (self.late_only and self.late_fraction <= max_late_fraction)
+    @property
+    def late_sends(self) -> int:
+        """How many sends went out more than 1 ms late (from ``late_fraction`` of the chunk's requests)."""
+        return round(self.late_fraction * len(self.intended_ns))
+
+    def usable(self, max_late_fraction: float, max_late_sends: int = 0) -> bool:
+        """Valid, or otherwise valid and late on at most ``max_late_fraction`` of its sends or on at most
+        ``max_late_sends`` sends whatever their fraction: a late send's latency still counts from its intended
+        time, so lateness can only make the step look worse, never better."""
+        late_ok = self.late_fraction <= max_late_fraction or self.late_sends <= max_late_sends
+        return self.valid or (self.late_only and late_ok)
 
 
 # (offered rate, seconds, seed, abort rule or None) -> one run at that rate
@@ -150,6 +157,10 @@ class SearchConfig:
     # keep a chunk invalid only for late sends when at most this fraction was late (> 1 ms): on a shared machine
     # the 1% rule of a single load test rejects most chunks; 0.01 keeps that rule
     max_late_fraction: float = 0.01
+    # ... or on at most this many sends whatever their fraction: at a few requests per second one send held up by
+    # the OS (a page fault, another process's time slice) is already over 5% of a short chunk, and 1 of 12 late
+    # sends once capped a search of a 62.5/s server at 4/s
+    max_late_sends: int = 2
     early_stop: bool = True  # abort a chunk once the SLO is violated with confidence (early_stop.EarlyStop)
     # An early-stopped chunk fails its step alone only where the step is clearly above what passed: above
     # early_stop_decisive x the highest passing rate (or with nothing passed yet). Inside the bisection, one chunk's
@@ -171,8 +182,8 @@ class SearchConfig:
             raise ValueError(f"need {MIN_BLOCKS} <= min_chunks <= max_chunks")
         if self.early_stop_decisive < 1 or self.cooldown_s < 0:
             raise ValueError("need early_stop_decisive >= 1 and cooldown_s >= 0")
-        if self.max_steps < 1 or self.invalid_retries < 0:
-            raise ValueError("max_chunks and max_steps >= 1, invalid_retries >= 0")
+        if self.max_steps < 1 or self.invalid_retries < 0 or self.max_late_sends < 0:
+            raise ValueError("max_chunks and max_steps >= 1, invalid_retries and max_late_sends >= 0")
 
 
 def decide(n: int, k: int, block_n: Sequence[int], block_k: Sequence[int], p: float, alpha: float) -> str:
@@ -337,13 +348,13 @@ def measure_step(
             abort = EarlyStop(slo.q, cfg.confidence) if cfg.early_stop else None
             seg = measure(rate, cfg.chunk_s, chunk_seed(seed, rate, chunk), abort)
             chunk += 1
-            if seg.usable(cfg.max_late_fraction) or seg.stopped_early:
+            if seg.usable(cfg.max_late_fraction, cfg.max_late_sends) or seg.stopped_early:
                 break
             pool.invalid += 1
         assert seg is not None
-        if not seg.valid and seg.usable(cfg.max_late_fraction):
+        if not seg.valid and seg.usable(cfg.max_late_fraction, cfg.max_late_sends):
             pool.late_kept += 1
-        if not seg.usable(cfg.max_late_fraction) and not seg.stopped_early:
+        if not seg.usable(cfg.max_late_fraction, cfg.max_late_sends) and not seg.stopped_early:
             # the generator's failure, not the server's: not passed, but no decided failure either
             verdict, passed, why = "invalid", False, f"invalid run {cfg.invalid_retries + 1} times: {seg.why_invalid}"
             break
