@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--from",
         dest="from_dir",
         metavar="DIR",
-        help="serve what `latencylab optimize --out DIR` found, with the ladder its search describes",
+        help="serve what `latencylab optimize --out DIR` found, with the ladder its search describes "
+        "(with --model gen: the variant `optimize --workload gen` chose)",
     )
     sv.add_argument("--host", help="bind address (default 127.0.0.1)")
     sv.add_argument("--port", type=int, help="port (default 8000; 0 = any free port)")

@@ -269,7 +269,8 @@ def build_gen_app(
     async def models(request: Request) -> Response:
         if not authorised(request):
             return _oai_error(401, "missing or wrong bearer token")
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "latencylab"} for n in svc.names]
+        served = {"latencylab": svc.served} if svc.served else {}  # the optimize search's variant (--from)
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "latencylab", **served} for n in svc.names]
         return Response(json.dumps({"object": "list", "data": data}), media_type=JSON)
 
     # -- OIP generate
@@ -346,7 +347,8 @@ def build_gen_app(
             "parameters": {"context_window": cfg.context_window, "max_tokens_limit": cfg.max_tokens_limit,
                            "max_num_seqs": s.max_num_seqs, "kv_budget_tokens": s.kv_budget_tokens,
                            "prefill_chunk_tokens": s.prefill_chunk_tokens, "ttft_slo_s": cfg.ttft_slo_s,
-                           "tpot_slo_s": cfg.tpot_slo_s, "ladder": svc.snapshot()["ladder"]},
+                           "tpot_slo_s": cfg.tpot_slo_s, "ladder": svc.snapshot()["ladder"],
+                           **({"served": svc.served} if svc.served else {})},
         }  # fmt: skip
         return Response(json.dumps(meta), media_type=JSON)
 

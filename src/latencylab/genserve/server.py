@@ -41,12 +41,23 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
     slo_ms = getattr(args, "slo_ms", None)
     if slo_ms is not None:
         over["ttft_slo_s"] = slo_ms / 1e3
+    engines = ENGINES
+    source = getattr(args, "from_dir", None)
+    if source:  # the variant an optimize --workload gen search chose is the top rung (genserve/from_optimize.py)
+        from latencylab.genserve.from_optimize import check_ladder, load_gen_plan
+
+        plan = load_gen_plan(source)  # a bad directory fails before the model loads
+        over["from_dir"] = str(plan.source)
+        over["ladder"] = (plan.candidate,)
+        engines = (plan.candidate, *ENGINES[1:])
     ladder = getattr(args, "ladder", None)
     if ladder:
         from latencylab.genserve.ladder import plan_ladder
 
         over["ladder"] = tuple(x.strip() for x in ladder.split(",") if x.strip())
-        plan_ladder(over["ladder"], ENGINES, 1)  # a bad ladder fails before the model loads
+        if source:
+            check_ladder(plan, over["ladder"])
+        plan_ladder(over["ladder"], engines, 1)  # a bad ladder fails before the model loads
     return GenServeConfig(**over)
 
 
@@ -55,7 +66,10 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
 
     A ladder with an ``int8`` rung gets an INT8 copy of the model (``cfg.int8_method``) as its engine; with
     ``cfg.int8_fidelity`` the score ``python -m latencylab.genserve.int8`` stored for it is shown in the model's
-    metadata and ``/v2/models/{m}/guard`` (or how to measure it)."""
+    metadata and ``/v2/models/{m}/guard`` (or how to measure it). With ``cfg.from_dir`` the top rung is the
+    variant that ``optimize --workload gen`` search chose, rebuilt from its recipe (genserve/from_optimize.py),
+    named by its candidate (a ladder left at its default becomes that one rung); the INT8 standby is still made
+    from the FP32 model."""
     import dataclasses
 
     from latencylab.genserve.engine import TorchEngine
@@ -73,8 +87,19 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
     )  # fmt: skip
     from latencylab.genserve.ladder import plan_ladder
 
-    plan_ladder(cfg.ladder, ENGINES, cfg.cap_tokens)
-    engines = {"fp32": lm.model}
+    plan, top_name = None, "fp32"
+    if cfg.from_dir:
+        from latencylab.genserve.from_optimize import check_ladder, load_gen_plan, rebuild
+
+        plan = load_gen_plan(cfg.from_dir)
+        top_name = plan.candidate
+        if cfg.ladder == GenServeConfig().ladder:
+            cfg = dataclasses.replace(cfg, ladder=(top_name,))
+        check_ladder(plan, cfg.ladder)
+    plan_ladder(cfg.ladder, (top_name, *ENGINES[1:]), cfg.cap_tokens)
+    engines = {top_name: lm.model}
+    if plan is not None:
+        engines[top_name] = rebuild(plan, lm.model, lm.path.name, tokenizer=lm.tokenizer)
     if "int8" in cfg.ladder:
         from latencylab.genserve.int8 import quantize_int8
 
@@ -91,7 +116,13 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
             engine.set_prefix(prefix)
         log.info("prefix cache: %d tokens of the chat template prefilled once per model rung", len(prefix))
     svc = GenService(cfg, codec, main, eos_ids(lm.tokenizer, lm.model), standby=standby)
-    svc.info["fp32"] = {"description": "the FP32 model"}
+    svc.info[top_name] = {"description": "the FP32 model"}
+    if plan is not None:  # what the search measured of it: GET /v1/models, the metadata, the guard's ladder
+        svc.served = plan.describe()
+        svc.info[top_name] = {
+            "description": f"{plan.candidate}, chosen by optimize --workload gen ({plan.source})",
+            **{k: svc.served[k] for k in ("candidate", "tpot_p50_ms", "speedup_tpot", "fidelity", "measured_threads")},
+        }
     if "int8" in engines:
         svc.info["int8"] = {"description": f"INT8 copy of every nn.Linear ({cfg.int8_method}: genserve/int8.py)"}
         if cfg.int8_fidelity:
@@ -170,10 +201,21 @@ def run_gen_serve(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sys.setswitchinterval(0.001)
-    if cfg.threads is not None:
+    threads, served = cfg.threads, ""
+    if cfg.from_dir:  # which variant, what it measured, before the seconds of loading and rebuilding
+        from latencylab.genserve.from_optimize import load_gen_plan
+
+        plan = load_gen_plan(cfg.from_dir)
+        served = plan.line()
+        log.info("%s", served)
+        if threads is None:
+            threads = plan.threads
+        elif threads != plan.threads:
+            log.warning("--threads %d: the search measured %s at %d thread(s)", threads, plan.candidate, plan.threads)
+    if threads is not None:
         import torch
 
-        torch.set_num_threads(cfg.threads)
+        torch.set_num_threads(threads)
     token = token_of(cfg)
     svc = build_service(cfg)
     sock = bind(cfg.host, cfg.port)
@@ -192,6 +234,8 @@ def run_gen_serve(args: argparse.Namespace) -> int:
                 f"tokens, TTFT SLO {svc.cfg.ttft_slo_s:g} s",
                 flush=True,
             )
+            if served:
+                print(f"  {served}", flush=True)
             if svc.guard is not None:
                 print(
                     f"  SLO guard: ladder {' -> '.join(r.name for r in svc.rungs)}, TTFT p99 <= "

@@ -80,6 +80,7 @@ class GenServeConfig:
     int8_fidelity: bool = True  # show the int8 rung's stored fidelity (python -m latencylab.genserve.int8)
     prefix_cache: bool = True  # prefill the chat template's fixed prefix once, reuse its K/V (genserve/prefix.py)
     otlp_endpoint: str | None = None  # export a span per request (OTLP/HTTP), e.g. http://127.0.0.1:4318/v1/traces
+    from_dir: str | None = None  # serve the variant `optimize --workload gen --out DIR` chose (from_optimize.py)
 
 
 class Codec(Protocol):
@@ -277,6 +278,7 @@ class GenService:
             self.metrics.ladder_level.labels(cfg.model_name).set(0)
         self.cache = AnswerCache(cfg.cache_entries, cfg.cache_ttl_s, self.clock) if self.rungs[-1].cache else None
         self.info: dict[str, Any] = {}  # what the server knows of its rungs (the int8 rung's fidelity, ...)
+        self.served: dict[str, Any] | None = None  # the variant served, when it came from an optimize search
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
