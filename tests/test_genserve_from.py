@@ -23,13 +23,14 @@ pytest.importorskip("transformers")
 import test_gen_optimize as toys  # noqa: E402  (the gen search's toy LM, its FakeClock and its costs)
 from genserve_servers import get, post  # noqa: E402
 from latencylab.cli import EXIT_USAGE, main  # noqa: E402
+from latencylab.clock import FakeClock  # noqa: E402
 from latencylab.errors import LatencyLabError  # noqa: E402
 from latencylab.gen.quant import quantize  # noqa: E402
 from latencylab.gen.smooth import smooth  # noqa: E402
 from latencylab.genserve.from_optimize import calibration_ids, load_gen_plan  # noqa: E402
 from latencylab.genserve.server import build_service, serve_in_thread  # noqa: E402
 from latencylab.genserve.service import GenServeConfig  # noqa: E402
-from latencylab.optimize.gen_lab import GenLabConfig  # noqa: E402
+from latencylab.optimize.gen_lab import GenLabConfig, GenSubject  # noqa: E402
 from latencylab.workloads.gen_model import LoadedModel  # noqa: E402
 
 
@@ -46,6 +47,19 @@ class ToyTokenizer:
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]], **_: Any) -> str:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+class Searched(toys.Toy):
+    """The gen search's toy subject (its FakeClock advanced by every forward, at a cost per candidate), without
+    ``torch.compiler.disable`` on the hook: importing dynamo takes seconds, and no candidate here compiles."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.state = {"cost": 0.0}
+        model = toys.toy_model()
+        model.register_forward_pre_hook(lambda m, a, kw: self.clock.advance(self.state["cost"] * toys.MS),
+                                        with_kwargs=True)  # fmt: skip
+        self.subject = GenSubject(model, toys.toy_inputs(), {"model": "toy", "key": "toy-0"})
 
 
 def toy_lm(model: Any = None, key: str = "toy-0") -> LoadedModel:
@@ -79,7 +93,7 @@ def write_recipe(out: Path, name: str, family: str, params: dict[str, Any], **mo
 
 
 def test_the_variant_the_search_chose_is_served_and_named(tmp_path: Path) -> None:
-    toy = toys.Toy()
+    toy = Searched()
     cfg = GenLabConfig.quick(budget="token_agreement>=0", only=("int8-dynamic",), tokens=6)
     doc = toy.lab(cfg, tmp_path)
     assert doc["summary"]["chosen"] == "int8-dynamic"  # 4 ms a forward against FP32's 10 on the FakeClock
