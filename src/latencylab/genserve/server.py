@@ -41,6 +41,11 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
     slo_ms = getattr(args, "slo_ms", None)
     if slo_ms is not None:
         over["ttft_slo_s"] = slo_ms / 1e3
+    if getattr(args, "prefill_dtype", None):
+        from latencylab.genserve.prefill import resolve
+
+        resolve(args.prefill_dtype)  # bf16 on a CPU without native BF16 fails before the model loads
+        over["prefill_dtype"] = args.prefill_dtype
     engines = ENGINES
     source = getattr(args, "from_dir", None)
     if source:  # the variant an optimize --workload gen search chose is the top rung (genserve/from_optimize.py)
@@ -97,6 +102,11 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
             cfg = dataclasses.replace(cfg, ladder=(top_name,))
         check_ladder(plan, cfg.ladder)
     plan_ladder(cfg.ladder, (top_name, *ENGINES[1:]), cfg.cap_tokens)
+    from latencylab.genserve.prefill import prefill_model, resolve
+
+    prefill = resolve(cfg.prefill_dtype)
+    if prefill != "fp32" and plan is not None:
+        raise LatencyLabError("--prefill-dtype with --from: the chosen variant's own precision applies; give one")
     engines = {top_name: lm.model}
     if plan is not None:
         engines[top_name] = rebuild(plan, lm.model, lm.path.name, tokenizer=lm.tokenizer)
@@ -106,7 +116,9 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
         engines["int8"] = quantize_int8(lm.model, cfg.int8_method)
     top = cfg.ladder[0]
     standby = {name: TorchEngine(m) for name, m in engines.items() if name != top and name in cfg.ladder}
-    main = TorchEngine(engines[top])
+    if top != "fp32":  # the prefill copy is of the FP32 model (a quantised rung keeps its own forward)
+        prefill = "fp32"
+    main = TorchEngine(engines[top], prefill_model=prefill_model(engines[top], prefill))
     codec = HfCodec(lm.tokenizer)
     if cfg.prefix_cache:  # the chat template's fixed prefix, prefilled once per model rung (genserve/prefix.py)
         from latencylab.genserve.prefix import chat_prefix
@@ -123,6 +135,9 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
             "description": f"{plan.candidate}, chosen by optimize --workload gen ({plan.source})",
             **{k: svc.served[k] for k in ("candidate", "tpot_p50_ms", "speedup_tpot", "fidelity", "measured_threads")},
         }
+    if prefill != "fp32":
+        svc.info[top_name]["prefill"] = f"{prefill} (the prompt's forward; decode in FP32: genserve/prefill.py)"
+        log.info("prefill in %s (requested %s); decode in FP32", prefill, cfg.prefill_dtype)
     if "int8" in engines:
         svc.info["int8"] = {"description": f"INT8 copy of every nn.Linear ({cfg.int8_method}: genserve/int8.py)"}
         if cfg.int8_fidelity:

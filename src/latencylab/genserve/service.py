@@ -79,6 +79,7 @@ class GenServeConfig:
     int8_method: str = "dynamic"  # how the int8 rung is made (genserve/int8.py): "dynamic" or "weight"
     int8_fidelity: bool = True  # show the int8 rung's stored fidelity (python -m latencylab.genserve.int8)
     prefix_cache: bool = True  # prefill the chat template's fixed prefix once, reuse its K/V (genserve/prefix.py)
+    prefill_dtype: str = "fp32"  # the prompt's forward: fp32, bf16 or auto (genserve/prefill.py); decode is FP32
     otlp_endpoint: str | None = None  # export a span per request (OTLP/HTTP), e.g. http://127.0.0.1:4318/v1/traces
     from_dir: str | None = None  # serve the variant `optimize --workload gen --out DIR` chose (from_optimize.py)
 

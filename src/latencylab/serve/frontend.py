@@ -95,6 +95,8 @@ def run_serve_command(args: argparse.Namespace) -> int:
         from latencylab.genserve.server import run_gen_serve
 
         return run_gen_serve(args)
+    if getattr(args, "prefill_dtype", None):
+        raise LatencyLabError("--prefill-dtype is for --model gen (a generative model's prompt forward)")
     from latencylab.serve.app import build_state, run_server
 
     cfg = config_from_args(args)
