@@ -118,6 +118,12 @@ def main() -> None:
     ap.add_argument("--overload-rate", type=float, default=1.35, help="req/s: 2x latencylab's saved capacity")
     ap.add_argument("--overload-duration", type=float, default=60.0)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument(
+        "--servers",
+        default="naive,latencylab",
+        help="at70 part: the servers, naive first (latencylab-bf16p: --prefill-dtype bf16)",
+    )
+    ap.add_argument("--overload-server", default="latencylab", help="overload part: latencylab or latencylab-bf16p")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gen-serve-at70.json"))
     args = ap.parse_args()
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
@@ -130,26 +136,31 @@ def main() -> None:
     if "at70" in parts:
         cfg = Config(min_duration_s=args.duration, max_duration_s=args.duration, **base)  # type: ignore[arg-type]
         at70: dict[str, Any] = {}
-        for name in ("naive", "latencylab"):
+        names = [n.strip() for n in args.servers.split(",") if n.strip()]
+        for name in names:
             st, rows = with_server(name, cfg, out, lambda srv, model: run_at(srv, model, args.rate, cfg, prompts))
             print(describe(st), flush=True)
             at70[name] = {"step": asdict(st), "requests": rows}
         doc["at70"] = at70
-        a, b = at70["latencylab"]["step"], at70["naive"]["step"]
-        print(f"\nevery request at {args.rate:.3f}/s (same arrivals on both; TTFT ms):")
-        print(f"  {'at s':>7}  {'prompt':<14} {'naive':>7} {'latencylab':>10}")
-        for rn, rl in zip(at70["naive"]["requests"], at70["latencylab"]["requests"], strict=False):
+        base_name, others = names[0], names[1:]
+        print(f"\nevery request at {args.rate:.3f}/s (same arrivals on every server; TTFT ms):")
+        print(f"  {'at s':>7}  {'prompt':<14} " + " ".join(f"{n:>16}" for n in names))
+        for reqs in zip(*(at70[n]["requests"] for n in names), strict=False):
             f = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
-            print(f"  {rn['at_s']:7.1f}  {rn['prompt']:<14} {f(rn['ttft_ms']):>7} {f(rl['ttft_ms']):>10}")
-        if a["ttft_p99_ms"] and b["ttft_p99_ms"]:
-            cut = 1 - a["ttft_p99_ms"] / b["ttft_p99_ms"]
-            print(f"* TTFT p99 latencylab {a['ttft_p99_ms']:.0f} ms vs naive {b['ttft_p99_ms']:.0f} ms: "
-                  f"{cut:.0%} lower (target >= 60%: {'met' if cut >= 0.6 else 'NOT met'}); "
-                  f"p50 {a['ttft_p50_ms']:.0f} vs {b['ttft_p50_ms']:.0f} ms")  # fmt: skip
+            cells = " ".join(f"{f(r['ttft_ms']):>16}" for r in reqs)
+            print(f"  {reqs[0]['at_s']:7.1f}  {reqs[0]['prompt']:<14} {cells}")
+        b = at70[base_name]["step"]
+        for name in others:
+            a = at70[name]["step"]
+            if a["ttft_p99_ms"] and b["ttft_p99_ms"]:
+                cut = 1 - a["ttft_p99_ms"] / b["ttft_p99_ms"]
+                print(f"* TTFT p99 {name} {a['ttft_p99_ms']:.0f} ms vs {base_name} {b['ttft_p99_ms']:.0f} ms: "
+                      f"{cut:.0%} lower (target >= 60%: {'met' if cut >= 0.6 else 'NOT met'}); "
+                      f"p50 {a['ttft_p50_ms']:.0f} vs {b['ttft_p50_ms']:.0f} ms")  # fmt: skip
     if "overload" in parts:
         cfg = Config(min_duration_s=args.overload_duration, max_duration_s=args.overload_duration, **base)  # type: ignore[arg-type]
         st = with_server(
-            "latencylab", cfg, out,
+            args.overload_server, cfg, out,
             lambda srv, model: run_step(srv, model, args.overload_rate, "overload-2x", cfg, prompts),
         )  # fmt: skip
         print(describe(st), flush=True)

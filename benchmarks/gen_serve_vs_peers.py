@@ -305,9 +305,11 @@ def start_server(name: str, cfg: Config, workdir: Path) -> tuple[Running, str] |
     workdir.mkdir(parents=True, exist_ok=True)
     model = "smollm2"
     ready = f"{url}/v1/models"
-    if name == "latencylab":
+    if name in ("latencylab", "latencylab-bf16p"):
         cmd = [PY, "-m", "latencylab", "serve", "--model", "gen", "--host", HOST, "--port", str(port), "--threads",
                "1", "--max-batch-size", "8", "--slo-ms", str(int(cfg.ttft_slo_s * 1000))]  # fmt: skip
+        if name == "latencylab-bf16p":  # the prompt's forward in BF16, decode FP32 (genserve/prefill.py)
+            cmd += ["--prefill-dtype", "bf16"]
         model = "gen"
     elif name in ("naive", "static"):
         script = ROOT / "benchmarks" / "peers" / f"gen_{name}_server.py"
