@@ -312,6 +312,10 @@ def test_bad_directories_get_one_line_and_a_usage_exit(tmp_path: Path, capsys: p
     assert _serve_error(capsys, "--from", str(d)).endswith(
         "recipe.json: workload 'onnx' cannot be served: serve --from knows text, vision"
     )
+    d = variant("generative", workload="gen")
+    assert _serve_error(capsys, "--from", str(d)).endswith(
+        "recipe.json: a generative search's choice: serve it with `serve --model gen --from DIR`"
+    )
     d = variant("torch", artifact="model.pt", backend="torch", candidate="ort-fp32")
     assert "model.pt, not ONNX or OpenVINO IR: only those can be served" in _serve_error(capsys, "--from", str(d))
     d = variant("other-search", candidate="int8-good")

@@ -256,6 +256,8 @@ def _plan(root: Path, recipe: dict[str, Any]) -> Plan:
     if recipe.get("kind") != "recipe":
         raise LatencyLabError(f"{where}: not a latencylab recipe (kind {recipe.get('kind')!r}, expected 'recipe')")
     workload = recipe.get("workload")
+    if workload == "gen":
+        raise LatencyLabError(f"{where}: a generative search's choice: serve it with `serve --model gen --from DIR`")
     if workload not in WORKLOADS:
         raise LatencyLabError(
             f"{where}: workload {workload!r} cannot be served: serve --from knows {', '.join(WORKLOADS)}"
