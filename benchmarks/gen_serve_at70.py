@@ -30,39 +30,26 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serving import ROOT, machine_load, session_cpu_s
+from _serving import ROOT, machine_load
 from gen_serve_vs_peers import (
     Config,
     Step,
     describe,
     drain,
-    gen_metrics,
+    measure_run,
     prompts_for,
     run_step,
-    seed_for,
     start_server,
     warm,
-    where_time_went,
 )
 
 
 def run_at(srv: Any, model: str, rate: float, cfg: Config, prompts: list[Any]) -> tuple[Step, list[dict[str, Any]]]:
     """One Poisson step (as ``run_step``) that also keeps every request: intended send time, prompt, TTFT, TPOT."""
-    from latencylab.load.arrivals import Poisson
-    from latencylab.load.gen_client import gen_api
-    from latencylab.load.gen_runner import gen_load_test
-    from latencylab.load.generator import LoadConfig
-    from latencylab.load.token_metrics import TokenSlo, token_arrays
+    from latencylab.load.token_metrics import token_arrays
 
-    slos = [TokenSlo("ttft", 0.99, cfg.ttft_slo_s * 1e9), TokenSlo("tpot", 0.99, cfg.tpot_slo_s * 1e9)]
-    seed = seed_for(rate)
-    lcfg = LoadConfig(duration_s=cfg.min_duration_s, timeout_s=cfg.timeout_s, connections=8)
-    m0 = gen_metrics(srv.url)
-    cpu0, t0 = session_cpu_s(srv.process.pid), time.monotonic()
-    res, rec = gen_load_test(srv.url, gen_api("chat"), model, prompts, Poisson(rate, seed), lcfg, slos, seed=seed)
-    wall = time.monotonic() - t0
-    cpu = session_cpu_s(srv.process.pid) - cpu0
-    where = where_time_went(gen_metrics(srv.url), m0)
+    m = measure_run(srv, model, rate, cfg.min_duration_s, cfg, prompts)
+    seed, res, rec, wall, cpu, where = m.seed, m.result, m.records, m.wall_s, m.server_cpu_s, m.where
     arr = token_arrays(rec)
     t_first = int(rec.intended_ns.min()) if rec.n else 0
     by_req = {int(i): k for k, i in enumerate(arr.request)}

@@ -194,23 +194,44 @@ def where_time_went(after: dict[tuple[str, str], float], before: dict[tuple[str,
     return out
 
 
-def run_step(srv: Running, model: str, rate: float, purpose: str, cfg: Config, prompts: list[Any]) -> Step:
-    """One Poisson run of ``rate`` against ``srv``, judged against both objectives."""
+@dataclass(frozen=True)
+class Measured:
+    """One Poisson run's load result and records, with the server's wall, CPU and /metrics deltas over it."""
+
+    seed: int
+    result: Any
+    records: Any
+    wall_s: float
+    server_cpu_s: float
+    where: dict[str, float]
+
+
+def measure_run(srv: Running, model: str, rate: float, duration: float, cfg: Config, prompts: list[Any]) -> Measured:
+    """``duration`` s of Poisson arrivals at ``rate`` (seeded by the rate) on the chat API, against both objectives."""
     from latencylab.load.arrivals import Poisson
     from latencylab.load.gen_client import gen_api
     from latencylab.load.gen_runner import gen_load_test
     from latencylab.load.generator import LoadConfig
-    from latencylab.load.token_metrics import TokenSlo, token_arrays
+    from latencylab.load.token_metrics import TokenSlo
 
     slos = [TokenSlo("ttft", 0.99, cfg.ttft_slo_s * 1e9), TokenSlo("tpot", 0.99, cfg.tpot_slo_s * 1e9)]
-    seed, duration = seed_for(rate), duration_for(cfg, rate)
+    seed = seed_for(rate)
     lcfg = LoadConfig(duration_s=duration, timeout_s=cfg.timeout_s, connections=8)
     m0 = gen_metrics(srv.url)
     cpu0, t0 = session_cpu_s(srv.process.pid), time.monotonic()
     res, rec = gen_load_test(srv.url, gen_api("chat"), model, prompts, Poisson(rate, seed), lcfg, slos, seed=seed)
     wall = time.monotonic() - t0
     cpu = session_cpu_s(srv.process.pid) - cpu0
-    where = where_time_went(gen_metrics(srv.url), m0)
+    return Measured(seed, res, rec, wall, cpu, where_time_went(gen_metrics(srv.url), m0))
+
+
+def run_step(srv: Running, model: str, rate: float, purpose: str, cfg: Config, prompts: list[Any]) -> Step:
+    """One Poisson run of ``rate`` against ``srv``, judged against both objectives."""
+    from latencylab.load.token_metrics import token_arrays
+
+    duration = duration_for(cfg, rate)
+    m = measure_run(srv, model, rate, duration, cfg, prompts)
+    seed, res, rec, wall, cpu, where = m.seed, m.result, m.records, m.wall_s, m.server_cpu_s, m.where
     arr = token_arrays(rec)
     tpot = np.nan_to_num(arr.tpot_ns, nan=0.0)  # one output token: no TPOT, meets any TPOT objective
     within = (arr.ttft_ns <= cfg.ttft_slo_s * 1e9) & (tpot <= cfg.tpot_slo_s * 1e9)

@@ -17,6 +17,7 @@ from latencylab.genserve.cost import StepCosts
 from latencylab.genserve.fake import EOS, FakeEngine
 from latencylab.genserve.scheduler import GenRequest, Scheduler, SchedulerConfig, Seq
 from latencylab.serve.admission import Shed
+from test_genserve_admission import first_token_delivered
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -51,14 +52,6 @@ def tpot_s(seq: Seq) -> float:
     return (seq.token_ns[-1] - seq.token_ns[0]) / (len(seq.token_ns) - 1) / S
 
 
-def run_until_first_token(s: Scheduler, seq: Seq) -> int:
-    while True:
-        rep = s.step()
-        assert rep is not None
-        if any(q is seq for q, _ in rep.tokens):
-            return rep.end_ns
-
-
 def test_the_budget_is_the_smallest_slack_in_tokens_within_its_bounds() -> None:
     costs = StepCosts()
     costs.fit_prefill([(8, 0.010 + 8 * 0.004), (128, 0.010 + 128 * 0.004)])
@@ -77,11 +70,11 @@ def test_the_budget_is_the_smallest_slack_in_tokens_within_its_bounds() -> None:
 def test_a_lone_prompt_is_prefilled_in_one_forward_not_in_chunks() -> None:
     new, eng, _clock = make()
     seq = new.submit(req(553))
-    ttft_new = run_until_first_token(new, seq) - seq.arrival_ns
+    ttft_new = first_token_delivered(new, seq) - seq.arrival_ns
     assert prefills_of(eng, seq) == [(0, 553)]
     old, eng_old, _ = make(tpot=False)
     seq_old = old.submit(req(553))
-    ttft_old = run_until_first_token(old, seq_old) - seq_old.arrival_ns
+    ttft_old = first_token_delivered(old, seq_old) - seq_old.arrival_ns
     assert [b - a for a, b in prefills_of(eng_old, seq_old)] == [128, 128, 128, 128, 41]
     assert ttft_old - ttft_new == 4 * 10 * MS  # four fixed costs of a forward saved
     assert ttft_new == 10 * MS + 553 * int(4.3 * MS)
@@ -95,7 +88,7 @@ def test_a_prompt_joining_a_batch_with_tpot_slack_goes_in_at_once_and_the_batch_
         while len(a.tokens) < 20:  # a decodes alone (68-ms steps): 19 x 157 ms of TPOT slack
             s.step()
         b = s.submit(req(553, 48))
-        ttft = run_until_first_token(s, b) - b.arrival_ns
+        ttft = first_token_delivered(s, b) - b.arrival_ns
         while s.step() is not None:
             pass
         results[tpot] = (len(prefills_of(eng, b)), ttft, tpot_s(a))
@@ -176,7 +169,7 @@ def test_the_forecast_replays_the_tpot_budget_exactly() -> None:
     now = clock.now_ns
     forecast = s.predicted_ttft_s(req(228, 32))
     new = s.submit(req(228, 32))
-    got = (run_until_first_token(s, new) - now) / S
+    got = (first_token_delivered(s, new) - now) / S
     assert got == pytest.approx(forecast, abs=1e-9)
     # the small chunks the batch's TPOT allows make the prompts ahead take many steps, each with a decode
     assert forecast > s.costs.prefill_s(404 + 553 + 228) + 10 * s.costs.decode_s(5)

@@ -15,8 +15,7 @@ import asyncio
 from typing import Any
 
 from latencylab.serve.admission import Shed
-from latencylab.serve.batcher import Batcher
-from test_serve_batcher import BucketVariant, busy_with, ms, on_fake_clock, run
+from test_serve_batcher import _bucket_batcher, _long_then_shorts, busy_with, ms, run
 
 # BucketVariant, warmed on 3/4 of each bucket: one item of bucket 128 is predicted 25 ms, of bucket 16 4 ms, and
 # three of bucket 16 10 ms; ("busy", 100) holds the worker 26 ms; the batcher's margin is 3 ms.
@@ -25,24 +24,7 @@ from test_serve_batcher import BucketVariant, busy_with, ms, on_fake_clock, run
 def _order(aim_ms: float | None, target_ms: float = 5000) -> list[list[Any]]:
     """A busy worker, then one long request (deadline 5 s, target ``target_ms``, aim ``aim_ms`` from now) and
     three short ones due in 5 s: the batches in the order they ran."""
-
-    async def go() -> list[list[Any]]:
-        _, v, clk = on_fake_clock(BucketVariant)
-        b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100, **clk)
-        b.warmup([1, 2, 4])
-        v.batches.clear()
-        b.start()
-        now = b.now_ns()
-        busy = await busy_with(b, v, ("busy", 100), now + ms(5000))
-        aim = None if aim_ms is None else now + ms(aim_ms)
-        long = b.submit(("long", 100), now + ms(5000), target_ns=now + ms(target_ms), aim_ns=aim)
-        shorts = [b.submit((f"short{i}", 10), now + ms(5000)) for i in range(3)]
-        v.gate.set()  # type: ignore[union-attr]
-        await asyncio.gather(busy, long, *shorts)
-        await b.stop()
-        return v.batches
-
-    return run(go())
+    return _long_then_shorts(target_ms, aim_ms)
 
 
 def test_the_order_protects_the_finish_admission_planned() -> None:
@@ -67,9 +49,7 @@ def test_the_prediction_counts_the_costlier_requests_aimed_sooner() -> None:
     (bucket 16, 4 ms) aimed later than it waits for it (25 + 4 = 29 ms); aimed sooner, it goes first (4 ms)."""
 
     async def go() -> list[float]:
-        _, v, clk = on_fake_clock(BucketVariant)
-        b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100, **clk)
-        b.warmup([1, 2, 4])
+        _, b = _bucket_batcher()
         now = b.now_ns()
         b.submit(("long", 100), now + ms(300), aim_ns=now + ms(50))
         far = now + ms(300)
@@ -84,9 +64,7 @@ def test_recheck_refuses_a_short_request_the_sooner_long_one_would_delay_past_it
     margin = 32 ms > 30): refused now (503) instead of missing its aim in the queue; aimed at 40 ms it fits."""
 
     async def go() -> list[str]:
-        _, v, clk = on_fake_clock(BucketVariant)
-        b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100, **clk)
-        b.warmup([1, 2, 4])
+        _, b = _bucket_batcher()
         now = b.now_ns()
         b.submit(("long", 100), now + ms(300), aim_ns=now + ms(20))
         out = []
@@ -109,9 +87,7 @@ def test_two_long_requests_falling_due_together_both_make_their_aims() -> None:
     past its aim. With the lookahead the 64 goes at once (39 ms), then the 128 (65 ms), then the shorts."""
 
     async def go() -> tuple[list[list[Any]], list[float]]:
-        _, v, clk = on_fake_clock(BucketVariant)
-        b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100, **clk)
-        b.warmup([1, 2, 4])
+        v, b = _bucket_batcher()
         v.batches.clear()
         b.start()
         now = b.now_ns()
@@ -138,9 +114,7 @@ def test_a_later_request_does_not_join_a_batch_it_would_make_miss() -> None:
     fits: the batch is sized so that its most urgent member still makes it, the rest goes in the next batch."""
 
     async def go() -> tuple[list[list[Any]], list[Any]]:
-        _, v, clk = on_fake_clock(BucketVariant)
-        b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100, **clk)
-        b.warmup([1, 2, 4])
+        v, b = _bucket_batcher()
         v.batches.clear()
         b.start()
         now = b.now_ns()

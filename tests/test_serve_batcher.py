@@ -485,9 +485,7 @@ class BucketVariant(SleepVariant):
 
 
 def test_bucketed_latency_model_is_per_bucket() -> None:
-    _, v, clk = on_fake_clock(BucketVariant)
-    b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100, **clk)
-    b.warmup([1, 2, 4])
+    _, b = _bucket_batcher()
     assert b.bucketed and set(b._models) >= {16, 32, 64, 128}
     # warmed on 3/4 of each bucket: 1 ms + 0.25 ms x 96 tokens = 25 ms for one item of bucket 128, 4 ms for 16
     assert b.predict(128, 1) == pytest.approx(0.025)
@@ -497,12 +495,18 @@ def test_bucketed_latency_model_is_per_bucket() -> None:
     assert b.predict(256, 1) == pytest.approx(2 * b.predict(128, 1))  # never measured: scaled from 128
 
 
-async def _bucket_batcher_busy() -> tuple[BucketVariant, Batcher, asyncio.Future[Any], int]:
-    """A warmed, started batcher over BucketVariant on a fake clock (its warm-up batches forgotten), its compute
-    thread held by a ("busy", 100) request (26 ms once the gate opens); and the time it was submitted."""
+def _bucket_batcher() -> tuple[BucketVariant, Batcher]:
+    """A batcher over BucketVariant on a fake clock, warmed on batches of 1, 2 and 4 items (not started)."""
     _, v, clk = on_fake_clock(BucketVariant)
     b = Batcher(v, max_batch_size=8, max_delay_s=0.001, max_queue=100, **clk)
     b.warmup([1, 2, 4])
+    return v, b  # type: ignore[return-value]
+
+
+async def _bucket_batcher_busy() -> tuple[BucketVariant, Batcher, asyncio.Future[Any], int]:
+    """A warmed, started batcher over BucketVariant on a fake clock (its warm-up batches forgotten), its compute
+    thread held by a ("busy", 100) request (26 ms once the gate opens); and the time it was submitted."""
+    v, b = _bucket_batcher()
     v.batches.clear()
     b.start()
     now = b.now_ns()
@@ -548,13 +552,15 @@ def test_a_long_request_about_to_miss_goes_first() -> None:
     assert results[1].queue_s == pytest.approx(0.026) and results[2].queue_s == pytest.approx(0.052)
 
 
-def _long_then_shorts(target_ms: float | None) -> list[list[Any]]:
-    """A busy worker, then one long request (deadline 5 s; target ``target_ms`` from now) and three short ones."""
+def _long_then_shorts(target_ms: float | None, aim_ms: float | None = None) -> list[list[Any]]:
+    """A busy worker, then one long request (deadline 5 s; target ``target_ms`` and aim ``aim_ms`` from now) and
+    three short ones due in 5 s: the batches in the order they ran."""
 
     async def go() -> list[list[Any]]:
         v, b, busy, now = await _bucket_batcher_busy()
         target = None if target_ms is None else now + ms(target_ms)
-        long = b.submit(("long", 100), now + ms(5000), target_ns=target)
+        aim = None if aim_ms is None else now + ms(aim_ms)
+        long = b.submit(("long", 100), now + ms(5000), target_ns=target, aim_ns=aim)
         shorts = [b.submit((f"short{i}", 10), now + ms(5000)) for i in range(3)]
         v.gate.set()  # type: ignore[union-attr]
         await asyncio.gather(busy, long, *shorts)
