@@ -28,6 +28,7 @@ from latencylab.errors import LatencyLabError  # noqa: E402
 from latencylab.gen.quant import quantize  # noqa: E402
 from latencylab.gen.smooth import smooth  # noqa: E402
 from latencylab.genserve.from_optimize import calibration_ids, load_gen_plan  # noqa: E402
+from latencylab.genserve.prefill import native_bf16  # noqa: E402
 from latencylab.genserve.server import build_service, serve_in_thread  # noqa: E402
 from latencylab.genserve.service import GenServeConfig  # noqa: E402
 from latencylab.optimize.gen_lab import GenLabConfig, GenSubject  # noqa: E402
@@ -205,6 +206,9 @@ def test_bad_directories_are_refused_in_one_line_before_the_model_loads(
     (ok / "optimize.json").unlink()
     assert "must start with the variant" in _refused(capsys, "--from", str(ok), "--ladder", "fp32,int8")
     assert "must start with the variant" in _refused(capsys, "--from", str(ok), "--ladder", "int8,int8-dynamic")
+    # a BF16 prefill beside --from (without native BF16, bf16 itself is refused first)
+    why = "--prefill-dtype with --from" if native_bf16() else "no native BF16"
+    assert why in _refused(capsys, "--from", str(ok), "--prefill-dtype", "bf16")
     for name, params, why in (
         ("spec-lookup-k4", {"weights": "fp32", "draft": "lookup", "k": 4}, "speculative decoding"),
         ("kv-bf16", {"weights": "fp32", "kv_dtype": "bf16"}, "KV cache"),

@@ -24,6 +24,7 @@ from latencylab.genserve.service import GenServeConfig, GenService, HfCodec
 
 log = logging.getLogger("latencylab.genserve")
 ENGINES = ("fp32", "int8")  # the model rungs build_service can make for SmolLM2
+PREFILL_WITH_FROM = "--prefill-dtype with --from: the chosen variant's own precision applies; give one"
 
 
 def config_from_args(args: argparse.Namespace) -> GenServeConfig:
@@ -41,13 +42,15 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
     slo_ms = getattr(args, "slo_ms", None)
     if slo_ms is not None:
         over["ttft_slo_s"] = slo_ms / 1e3
+    source = getattr(args, "from_dir", None)
     if getattr(args, "prefill_dtype", None):
         from latencylab.genserve.prefill import resolve
 
-        resolve(args.prefill_dtype)  # bf16 on a CPU without native BF16 fails before the model loads
+        # bf16 on a CPU without native BF16, or beside --from, fails before the model loads
+        if resolve(args.prefill_dtype) != "fp32" and source:
+            raise LatencyLabError(PREFILL_WITH_FROM)
         over["prefill_dtype"] = args.prefill_dtype
     engines = ENGINES
-    source = getattr(args, "from_dir", None)
     if source:  # the variant an optimize --workload gen search chose is the top rung (genserve/from_optimize.py)
         from latencylab.genserve.from_optimize import check_ladder, load_gen_plan
 
@@ -106,7 +109,7 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
 
     prefill = resolve(cfg.prefill_dtype)
     if prefill != "fp32" and plan is not None:
-        raise LatencyLabError("--prefill-dtype with --from: the chosen variant's own precision applies; give one")
+        raise LatencyLabError(PREFILL_WITH_FROM)
     engines = {top_name: lm.model}
     if plan is not None:
         engines[top_name] = rebuild(plan, lm.model, lm.path.name, tokenizer=lm.tokenizer)
@@ -116,7 +119,8 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
         engines["int8"] = quantize_int8(lm.model, cfg.int8_method)
     top = cfg.ladder[0]
     standby = {name: TorchEngine(m) for name, m in engines.items() if name != top and name in cfg.ladder}
-    if top != "fp32":  # the prefill copy is of the FP32 model (a quantised rung keeps its own forward)
+    if top != "fp32" and prefill != "fp32":  # the prefill copy is of the FP32 model, not of a quantised rung
+        log.warning("--prefill-dtype %s: not applied, the top rung is %s (it keeps its own forward)", prefill, top)
         prefill = "fp32"
     main = TorchEngine(engines[top], prefill_model=prefill_model(engines[top], prefill))
     codec = HfCodec(lm.tokenizer)
