@@ -128,7 +128,8 @@ SERIAL: dict[str, str] = {
 
 # Serial tests that need the machine idle, not only a core when they wake: their verdict reads how much CPU other
 # processes used (diagnose's "busy machine" rule), and idle-priority work is CPU use too. scripts/run-tests.sh
-# runs them last, after every other test has ended (marked ``quiet``; also ``serial``). Same keys as ``SLOW``.
+# runs them first in part 1 (nothing else runs then), or, with TEST_OVERLAP=1, last, after every other test has
+# ended (marked ``quiet``; also ``serial``). Same keys as ``SLOW``.
 QUIET: dict[str, str] = {
     "test_diagnose_pipelines.py::test_clean_control_gives_no_finding_on_a_quiet_machine": "no false alarm",
     "test_diagnose_pipelines.py::test_a_cycled_input_set_is_no_periodic_finding": "no false alarm",
@@ -153,6 +154,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.quiet)
         if _named(SERIAL, item) or _named(QUIET, item) or "machine_noise" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.serial)
+    # the quiet ones first (a stable sort): run in one part with the other serial tests (scripts/run-tests.sh
+    # without overlap), they start on a machine nothing else has used yet
+    items.sort(key=lambda item: item.get_closest_marker("quiet") is None)
     for table, label in ((SLOW, "SLOW"), (SERIAL, "SERIAL"), (QUIET, "QUIET")):
         for key in table:
             module, _, name = key.partition("::")

@@ -191,8 +191,9 @@ def test_cli_capacity_search_brackets_a_single_worker_server(tmp_path: Path) -> 
         # a coarse bracket (precision 0.5, 2 chunks of 1.5 s a step): the CLI's wiring of the search, whose logic
         # tests/test_load_capacity_search.py checks on simulated queues and test_load_capacity_reference.py on a
         # real server against the M/D/1 truth
-        p = _cli("--url", url, "--model", "reference", "--find-capacity", "--slo", "p99=60ms", "--start-rate", "30",
+        p = _cli("--url", url, "--model", "reference", "--find-capacity", "--slo", "p99=60ms", "--start-rate", "40",
                  "--step-duration", "1.5", "--warmup", "0.3", "--max-chunks", "2", "--precision", "0.5",
+                 "--search-warmup", "1", "--spin", "on",
                  "--json", str(tmp_path / "c.json"), timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stderr
     cap = json.loads((tmp_path / "c.json").read_text())["capacity"]

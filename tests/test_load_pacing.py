@@ -18,7 +18,7 @@ from latencylab.errors import LatencyLabError
 from latencylab.load.arrivals import Constant
 from latencylab.load.frontend import render_load
 from latencylab.load.generator import LoadConfig, Records, RunStats
-from latencylab.load.pacing import SpinPolicy, Waker, proc_stat_busy_s, spin_allowed
+from latencylab.load.pacing import SpinPolicy, WakeMargin, Waker, proc_stat_busy_s, spin_allowed
 from latencylab.load.payloads import fetch_metadata, infer_path, payloads_for_model
 from latencylab.load.results import CLOSED_BASIS, OPEN_BASIS, LoadResult, summarize_run
 from latencylab.load.runner import load_test
@@ -191,6 +191,36 @@ def test_waker_never_wakes_before_the_deadline() -> None:
     assert (late >= 0).all(), late.min()
     # How late is the machine's business (a busy 2-core box: several ms at worst); a lost wake-up is not.
     assert late.max() < 1e9
+
+
+def test_wake_margin_follows_the_p90_of_recent_wake_ups_within_its_bounds() -> None:
+    m = WakeMargin(lo_ns=100_000, hi_ns=1_000_000, start_ns=500_000, n=20, q=0.9)
+    assert m.margin_ns == 500_000  # nothing seen yet
+    for late in [200_000] * 17 + [300_000] * 3:  # p90 of 20: the 19th smallest (index 18)
+        m.observe(late)
+    assert m.margin_ns == 300_000
+    for _ in range(20):  # wake-ups come on time (or early: counted as 0): the floor holds
+        m.observe(-50_000)
+    assert m.margin_ns == 100_000
+    for _ in range(20):  # a stall of 5 ms is not waited out by spinning: the ceiling holds
+        m.observe(5_000_000)
+    assert m.margin_ns == 1_000_000
+    m.observe(0)  # re-taken every n/4 = 5 wake-ups only
+    assert m.margin_ns == 1_000_000
+    with pytest.raises(ValueError):
+        WakeMargin(lo_ns=600_000, start_ns=500_000)
+
+
+def test_auto_sleeps_short_of_the_send_and_is_not_counted_as_spinning() -> None:
+    # beside the reference server on 2 cores auto sleeps; its sends still leave within the margin
+    with reference_server("--service", "constant(1ms)") as url:
+        payloads = payloads_for_model(fetch_metadata(url, "reference"), n=4)
+        res, rec = load_test(url, PATH, payloads, Constant(50), LoadConfig(duration_s=1.2, spin="auto"), env={})
+    s = res.summary
+    assert s["spin"] == "auto" and s["sent"] == 60 == s["ok"]
+    assert (rec.lateness() >= 0).all()  # never sent before its time
+    if s["spin_fraction"] == 0.0:  # slept throughout (the usual case on 2 cores): the short yield is not a spin
+        assert s["client_cpu_share"] < 0.5
 
 
 # -- what a result claims ----------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ from latencylab.errors import LatencyLabError
 from latencylab.load.arrivals import ArrivalProcess
 from latencylab.load.early_stop import Progress
 from latencylab.load.http import ConnectionPool, Target, build_request, build_stamped_request, stamp
-from latencylab.load.pacing import SPIN_MODES, SPIN_NS, SpinPolicy, Waker
+from latencylab.load.pacing import SPIN_MODES, SPIN_NS, SpinPolicy, WakeMargin, Waker
 from latencylab.load.sse import StreamConnection, StreamKind, Trace
 
 LATE_NS = 1_000_000  # 1 ms
@@ -401,6 +401,8 @@ async def _open_loop(run: _Run, arrivals: ArrivalProcess, n_payloads: int, seed:
     burst = 0
     policy = run.policy
     waker: Waker | None = None  # started on the first sleep to a deadline (never with spin "on")
+    # auto, while not spinning: sleep to the intended time minus the learned wake-up lateness, yield the rest
+    margin = WakeMargin() if cfg.spin == "auto" else None
     try:
         for a in stream:
             if run.stop_sending or (floor and a.t_s >= end_s and len(run.intended) >= floor):
@@ -418,16 +420,19 @@ async def _open_loop(run: _Run, arrivals: ArrivalProcess, n_payloads: int, seed:
                         await asyncio.sleep(0)
                     break
                 burst = 0
-                if not policy.spin:
-                    # Sleep to the time itself: no CPU taken from the server under test; a late wake-up is
-                    # lateness, measured, and counted in the latency (timed from the intended send).
+                if not policy.spin and dt > (early := margin.margin_ns if margin is not None else 0):
+                    # Sleep to the time (auto: to the time minus the margin its wake-ups were late by lately,
+                    # then yield to the loop for the rest): no CPU taken from the server under test; a late
+                    # wake-up is lateness, measured, and counted in the latency (timed from the intended send).
                     if waker is None:
                         waker = Waker(asyncio.get_running_loop())
-                    await waker.until(intended)
-                elif dt > SPIN_NS:
+                    await waker.until(intended - early)
+                    if margin is not None:
+                        margin.observe(perf() - (intended - early))
+                elif policy.spin and dt > SPIN_NS:
                     await asyncio.sleep((dt - SPIN_NS) / 1e9)
                 else:
-                    spun = True
+                    spun = policy.spin  # (auto's short yield after a sleep is not the spin)
                     await asyncio.sleep(0)  # yield: responses keep being processed while we spin
             run.spun += spun
             i = next(counter)
