@@ -147,7 +147,8 @@ def windows(
     slo_ms: float | None = None,
     span_s: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Per window of intended send time: sent, ok, shed, error, p50/p99/max of ok (corrected), goodput/s."""
+    """Per window of intended send time: sent, ok, shed, error, p50/p99/max of ok (corrected), goodput/s, and the
+    p99 of the admitted (``p99_admitted_ms``: every request not shed, an error such as a 504 at its latency)."""
     lat = done_ns - intended_ns
     idx = (intended_ns // int(width_s * 1e9)).astype(np.int64)
     n_win = int(idx.max()) + 1 if idx.size else 0
@@ -169,6 +170,8 @@ def windows(
             "p99_ms": float(np.quantile(v, 0.99)) if v.size else None,
             "max_ms": float(v.max()) if v.size else None,
         }
+        admitted = lat[m & (outcome != 1)] / 1e6  # ok + error: a request admitted and then failed is a miss too
+        row["p99_admitted_ms"] = float(np.quantile(admitted, 0.99)) if admitted.size else None
         if slo_ms is not None:
             row["goodput"] = float((v <= slo_ms).sum()) / width_s
         out.append(row)

@@ -1,6 +1,7 @@
 """Overload: latencylab's server at 2x its capacity vs a naive server, both open loop, same arrivals.
 
-The claim (issues 4, 22): offered load at 2x latencylab's capacity: the P99 of admitted requests stays
+The claim (issues 4, 22): offered load at 2x latencylab's capacity: the P99 of admitted requests (every
+request not shed: an answer, or an error such as a 504 after admission, at its latency) stays
 <= SLO in every 10-s window after the first, goodput >= 90% of capacity, and ``sent == ok + shed + error``
 exactly, while the naive server's P99 grows without bound; and run after run (``--runs N``, a fresh server
 and a fresh capacity search each), with capacities that agree within +/-10%.
@@ -187,6 +188,8 @@ def summarise(label: str, res: LoadResult, rec: Records, slo_ms: float, duration
         "identity": s["sent"] == s["ok"] + s["shed"] + s["error"],
         "p50_ms": s.get("p50_ms"),
         "p99_ms": s.get("p99_ms"),
+        # every request not shed (ok and error: a 504 after admission is a miss of the admitted, at its latency)
+        "p99_admitted_ms": float(np.quantile(lat_ms[rec.outcome != 1], 0.99)) if (rec.outcome != 1).any() else None,
         "p99_ci_ms": s.get("p99_ci_ms"),
         "max_ms": s.get("max_ms"),
         "uncorrected_p99_ms": s.get("uncorrected_p99_ms"),
@@ -514,7 +517,8 @@ def one_run(
         checks += _overload_checks(e, e["factor"], slo_ms, cap_goodput)
         e["worst_window_p99_ms"] = _worst(e)
         e["goodput_fraction"] = e["goodput"] / cap_goodput
-    out["p99_whole_run_ms"] = ll["p99_ms"]
+    out["p99_whole_run_ms"] = _adm(ll)
+    out["p99_ok_whole_run_ms"] = ll["p99_ms"]
     out["worst_window_p99_ms"] = worst
     out["goodput_fraction"] = ll["goodput"] / cap_goodput
     if nv is not None:
@@ -533,9 +537,14 @@ def one_run(
     return out
 
 
+def _adm(w: dict[str, Any]) -> float | None:
+    """p99 of the admitted (ok + error) of a run or window; results before the key: of ok."""
+    return w.get("p99_admitted_ms", w["p99_ms"])
+
+
 def _worst(m: dict[str, Any]) -> float | None:
-    """The highest p99 of admitted requests over the 10-s windows after the first."""
-    return max((w["p99_ms"] for w in m["windows"][1:] if w["p99_ms"] is not None), default=None)
+    """The highest p99 of admitted requests (ok and error, not shed) over the 10-s windows after the first."""
+    return max((v for w in m["windows"][1:] if (v := _adm(w)) is not None), default=None)
 
 
 def _overload_checks(m: dict[str, Any], factor: float, slo_ms: float, cap_goodput: float) -> list[tuple[str, bool]]:
@@ -543,7 +552,7 @@ def _overload_checks(m: dict[str, Any], factor: float, slo_ms: float, cap_goodpu
     return [
         (f"{factor:g}x: sent == ok + shed + error ({m['sent']} = {m['ok']} + {m['shed']} + {m['error']})",
          m["identity"]),
-        (f"{factor:g}x: p99 of admitted in every 10-s window after the first <= SLO {slo_ms:g} ms "
+        (f"{factor:g}x: p99 of admitted (ok + error) in every 10-s window after the first <= SLO {slo_ms:g} ms "
          f"(worst {fmt(worst, '.2f')} ms)", worst is not None and worst <= slo_ms),
         (f"{factor:g}x: goodput {m['goodput']:.1f}/s >= 90% of capacity goodput {cap_goodput:.1f}/s "
          f"({m['goodput'] / cap_goodput:.0%})", m["goodput"] >= 0.9 * cap_goodput),
@@ -558,30 +567,32 @@ def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> No
         if ll is None:
             rows.append([i, fmt(cap.get("capacity_rate")), "-", "-", "-", "-", "-", "-", "-", "-", "-", "FAIL"])
             continue
-        wins = ", ".join(fmt(w["p99_ms"], ".1f") for w in ll["windows"])
+        wins = ", ".join(fmt(_adm(w), ".1f") for w in ll["windows"])
         nw = [w["p99_ms"] for w in (nv or {}).get("windows", []) if w["p99_ms"] is not None]
         naive_at = f"at {nv['offered_rate']:.0f}/s: " if nv and "offered_rate" in nv else ""
         naive = f"{naive_at}{nw[0]:.0f} -> {nw[-1]:.0f}" if nw else "-"
         verdict = "PASS" if all(c["passed"] for c in r["checks"]) else "FAIL"
         rows.append([
             i, f"{fmt(cap.get('capacity_rate'))} ({fmt(cap.get('goodput'))})", f"{ll['offered_rate']:.1f}",
-            f"{ll['sent']} = {ll['ok']} + {ll['shed']} + {ll['error']}", fmt(ll["p99_ms"], ".2f"), wins,
+            f"{ll['sent']} = {ll['ok']} + {ll['shed']} + {ll['error']}",
+            f"{fmt(_adm(ll), '.2f')} ({fmt(ll['p99_ms'], '.2f')})", wins,
             f"{ll['goodput']:.1f} ({r['goodput_fraction']:.0%})", naive,
             f"{r['load_before'][0]:.2f}", fmt(ll.get("foreign_cpu"), ".2f"),
             fmt(ll.get("learned_margin_ms_at_end"), ".1f"), verdict,
         ])  # fmt: skip
         for e in r.get("latencylab_also", []):
-            wins = ", ".join(fmt(w["p99_ms"], ".1f") for w in e["windows"])
+            wins = ", ".join(fmt(_adm(w), ".1f") for w in e["windows"])
             rows.append([
                 f"{i} @ {e['factor']:g}x", "", f"{e['offered_rate']:.1f}",
-                f"{e['sent']} = {e['ok']} + {e['shed']} + {e['error']}", fmt(e["p99_ms"], ".2f"), wins,
+                f"{e['sent']} = {e['ok']} + {e['shed']} + {e['error']}",
+                f"{fmt(_adm(e), '.2f')} ({fmt(e['p99_ms'], '.2f')})", wins,
                 f"{e['goodput']:.1f} ({e['goodput_fraction']:.0%})", "-", "", fmt(e.get("foreign_cpu"), ".2f"),
                 fmt(e.get("learned_margin_ms_at_end"), ".1f"),
                 "PASS" if e["worst_window_p99_ms"] is not None and e["worst_window_p99_ms"] <= slo_ms else "FAIL",
             ])  # fmt: skip
     print()
-    heads = ["run", "capacity/s (goodput)", "offered/s", "sent = ok + shed + error", "p99 of admitted ms"]
-    heads += ["p99 per 10-s window ms", "goodput/s (of capacity)", "naive p99 first -> last window ms"]
+    heads = ["run", "capacity/s (goodput)", "offered/s", "sent = ok + shed + error", "p99 of admitted (of ok) ms"]
+    heads += ["p99 of admitted per 10-s window ms", "goodput/s (of capacity)", "naive p99 first -> last window ms"]
     print(table([*heads, "load avg", "other CPU", "learned margin ms (end)", "verdict"], rows))
     caps = [float(r["capacity"]["capacity_rate"]) for r in runs if r.get("capacity", {}).get("capacity_rate")]
     spread = None
@@ -593,11 +604,11 @@ def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> No
               f"spread +/-{spread:.1%}")  # fmt: skip
     done = [r for r in runs if r.get("latencylab")]
     if done:
-        p99 = [r["latencylab"]["p99_ms"] for r in done if r["latencylab"]["p99_ms"] is not None]
+        p99 = [v for r in done if (v := _adm(r["latencylab"])) is not None]
         worst = [r["worst_window_p99_ms"] for r in done if r["worst_window_p99_ms"] is not None]
         for e in (e for r in done for e in r.get("latencylab_also", [])):
             print(
-                f"at {e['factor']:g}x: p99 of admitted {fmt(e['p99_ms'], '.2f')} ms, worst window after the first "
+                f"at {e['factor']:g}x: p99 of admitted {fmt(_adm(e), '.2f')} ms, worst window after the first "
                 f"{fmt(e['worst_window_p99_ms'], '.2f')} ms, goodput {e['goodput_fraction']:.0%} of capacity"
             )
         gf = [r["goodput_fraction"] for r in done]

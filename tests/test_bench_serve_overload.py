@@ -62,5 +62,28 @@ def test_an_extra_overload_factor_is_judged_and_reported(capsys: pytest.CaptureF
     r["latencylab_also"] = [{**four, "ok": 6, "identity": True, "worst_window_p99_ms": 31.0, "goodput_fraction": 0.85}]
     so.report({}, [r], 30.0)
     text = capsys.readouterr().out
-    assert "| 1 @ 4x |  | 800.0 | 10 = 6 + 4 + 0 | 31.00 | 40.0, 29.0, 31.0 | 170.0 (85%) |" in text
+    assert "| 1 @ 4x |  | 800.0 | 10 = 6 + 4 + 0 | 31.00 (31.00) | 40.0, 29.0, 31.0 | 170.0 (85%) |" in text
     assert "at 4x: p99 of admitted 31.00 ms, worst window after the first 31.00 ms, goodput 85% of capacity" in text
+
+
+def test_an_error_after_admission_is_a_miss_of_the_admitted() -> None:
+    """A 504 (or any error) after admission counts in the admitted p99 at its latency; a shed request does not."""
+    import numpy as np
+    from _serving import windows
+
+    n = 200
+    intended = np.arange(n, dtype=np.int64) * 50_000_000  # 20/s over 10 s: one window
+    lat = np.full(n, 10_000_000, dtype=np.int64)  # every answer 10 ms
+    outcome = np.zeros(n, dtype=np.int8)
+    outcome[:20] = 1  # 10% shed at once (1 ms): not admitted
+    lat[:20] = 1_000_000
+    outcome[20:25] = 2  # 2.5% of sent end in a 504 at the 300-ms deadline
+    lat[20:25] = 300_000_000
+    (w,) = windows(intended, intended + lat, outcome, 10.0, slo_ms=30.0)
+    assert w["p99_ms"] == pytest.approx(10.0)  # of ok only: the 504s are invisible
+    assert w["p99_admitted_ms"] == pytest.approx(300.0)  # 5 of 180 admitted = 2.8% > 1%
+    run = {"sent": n, "ok": 175, "shed": 20, "error": 5, "identity": True, "windows": [w, w], "goodput": 17.5,
+           "p99_ms": 10.0, "p99_admitted_ms": 300.0}  # fmt: skip
+    checks = dict(so._overload_checks(run, 2.0, 30.0, 17.5))
+    window_check = next(k for k in checks if "window" in k)
+    assert not checks[window_check] and "(worst 300.00 ms)" in window_check
