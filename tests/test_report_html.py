@@ -197,7 +197,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path, inputs: dict[str, Path])
     for args, message in (
         ([str(tmp_path / "missing.json")], "no such result file"),
         ([str(bad)], "not a JSON result file (JSONDecodeError)"),
-        ([str(odd)], "unknown result kind 'weather'; the report reads profile, load, capacity, optimize, serve"),
+        (
+            [str(odd)],
+            "unknown result kind 'weather'; the report reads profile, load, capacity, optimize, optimize-gen, serve",
+        ),
         ([str(inputs["profile"]), "--latency-budget", str(tmp_path / "nope.toml")], "no such budget file"),
     ):
         p = _cli("report", *args, "-o", str(tmp_path / "r.html"))

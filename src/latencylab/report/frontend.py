@@ -14,7 +14,7 @@ from latencylab.results import LoadedResult, read_result
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["KINDS", "diagnose_findings", "load_inputs", "run_report_command", "write_report"]
+__all__ = ["KINDS", "diagnose_findings", "load_inputs", "print_summaries", "run_report_command", "write_report"]
 
 # kind -> keys a document of that kind must have for the report to draw it
 KINDS: dict[str, tuple[str, ...]] = {
@@ -22,6 +22,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "load": ("summary", "histograms", "timeline"),
     "capacity": ("capacity",),
     "optimize": ("summary", "candidates"),
+    "optimize-gen": ("summary", "candidates"),
     "serve": ("samples", "transitions"),
 }
 
@@ -33,6 +34,8 @@ def load_input(path: str | Path) -> LoadedResult:
     missing = [k for k in KINDS[r.kind] if k not in r.doc]
     if missing:
         raise LatencyLabError(f"{r.source}: malformed {r.kind} result: missing {', '.join(missing)}")
+    if r.kind == "optimize-gen":
+        r.result()  # its typed reader checks every candidate: a malformed one is one line here, not a crash later
     return r
 
 
@@ -87,8 +90,22 @@ def write_report(
     return out, note
 
 
+def print_summaries(paths: Sequence[str | Path], console: Console) -> None:
+    """A terminal summary of the inputs that have one (optimize-gen: its candidate table and choice)."""
+    for r in load_inputs(paths):
+        if r.kind == "optimize-gen":
+            from latencylab.report.optimize_gen import render_optimize_gen
+
+            render_optimize_gen(r.result(), _label(r.source), console)
+
+
+def _label(source: str) -> str:
+    return Path(source).name or source
+
+
 def run_report_command(args: argparse.Namespace, console: Console) -> int:
     out, note = write_report(args.results, args.output, args.latency_budget, args.title)
+    print_summaries(args.results, console)
     if note:
         console.print(f"[yellow]report:[/yellow] {note}")
     size = out.stat().st_size

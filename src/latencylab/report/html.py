@@ -3,7 +3,8 @@
 The document is built from :class:`~latencylab.results.LoadedResult` values (file, kind, parsed
 JSON), an optional latency budget and the findings of ``diagnose``. Sections appear only when some input
 feeds them, in this order: inputs at a glance, findings, latency budget, latency distribution, stage
-breakdown, latency over time, latency vs throughput, optimisation (Pareto front), SLO guard ladder.
+breakdown, latency over time, latency vs throughput, optimisation (Pareto front), generative optimisation
+(TPOT speed-up vs fidelity), SLO guard ladder.
 
 A figure that cannot be drawn from its input (say, a load run without one successful request) becomes
 a one-line note in its place; the rest of the report is still written.
@@ -25,6 +26,7 @@ from latencylab.load.results import LoadResult
 from latencylab.report import figures
 from latencylab.results import LoadedResult, ProfileResult
 from latencylab.results.base import utc_now
+from latencylab.results.optimize_gen import OptimizeGenResult
 
 __all__ = ["ReportInput", "render_report"]
 
@@ -120,6 +122,7 @@ class _Parsed:
     loads: list[tuple[LoadedResult, LoadResult]] = field(default_factory=list)
     capacities: list[LoadedResult] = field(default_factory=list)
     optimizes: list[LoadedResult] = field(default_factory=list)
+    gens: list[tuple[LoadedResult, OptimizeGenResult]] = field(default_factory=list)
     serves: list[LoadedResult] = field(default_factory=list)
     verdicts: dict[str, BudgetVerdict] = field(default_factory=dict)  # profile source -> verdict
     budget_errors: dict[str, str] = field(default_factory=dict)
@@ -142,6 +145,8 @@ def _parse(inp: ReportInput) -> _Parsed:
             p.capacities.append(r)
         elif r.kind == "optimize":
             p.optimizes.append(r)
+        elif r.kind == "optimize-gen":
+            p.gens.append((r, OptimizeGenResult.from_dict(r.doc)))
         elif r.kind == "serve":
             p.serves.append(r)
     return p
@@ -178,6 +183,9 @@ def _glance(r: LoadedResult) -> str:
             if figures.finite(s.get("pipeline_speedup")) and figures.finite(s.get("total_speedup")):
                 split += f" x {_x(s['pipeline_speedup'])} pipeline = {_x(s['total_speedup'])} in total"
         return _e(s.get("verdict", "")) + split
+    if r.kind == "optimize-gen":
+        n = len(d.get("candidates") or [])
+        return _e(s.get("verdict", "")) + f' <span class="note">({n} candidates; budget {_e(s.get("budget"))})</span>'
     if r.kind == "serve":
         trans = d.get("transitions") or []
         return (
@@ -528,6 +536,41 @@ def _optimize_section(p: _Parsed) -> str:
     return "".join(out)
 
 
+def _optimize_gen_section(p: _Parsed) -> str:
+    """optimize --workload gen: the verdict, the choice and its recipe, the plot, every candidate's row."""
+    from latencylab.report.optimize_gen import HEAD, NUMERIC, cells, choice_line, ordered
+
+    out = []
+    for r, res in p.gens:
+        work = f"{res.tokens} output tokens a request, {res.rounds} interleaved rounds" if res.tokens else ""
+        out.append(f"<h3>{_e(_label(r))}: {_e(res.model.get('model', ''))}</h3>")
+        out.append(f'<p class="note">budget {_e(res.budget)}; {_e(work)}; baseline {_e(res.baseline)} '
+                   "(eager FP32); speed-ups are the baseline's TPOT over the candidate's at equal work (same "
+                   "prompts, same output tokens, same threads)</p>")  # fmt: skip
+        css = "ok" if res.chosen else "bad"
+        out.append(f'<p class="verdict {css}">{_e(res.verdict)}</p><p>{_e(choice_line(res))}</p>')
+        rec = res.recipe_check
+        if rec is not None:
+            keys = ("speedup_tpot", "tpot_ms", "token_agreement", "exact", "top1", "ppl_delta")
+            rows = [[_e(k), *(_ms((rec.get(w) or {}).get(k), 4) for w in ("recorded", "reproduced"))] for k in keys]
+            out.append(_table(["the recipe's choice", "recorded", "reproduced now"], rows, num=(1, 2)))
+            out.extend(f'<p class="note">--force: {_e(m)}</p>' for m in rec.get("forced") or [])
+        cap = (
+            "Each measured candidate at (TPOT speed-up over eager FP32 at equal work, with the 95% CI of the paired "
+            "ratios; fidelity loss against FP32's answers), both log scales, up and right is better; the dashed red "
+            "line is the fidelity budget on that metric (hollow: outside the budget on any of its terms). Only the "
+            "Pareto front (ringed, joined) and the choice (star) are named; every candidate is in the table below, "
+            "fastest first. Diamond: the FP32 baseline; colour: family."
+        )
+        out.append(_figure(cap, figures.gen_speedup_fidelity, res))
+        rows, classes = [], []
+        for c in ordered(res):
+            rows.append([_e(x) for x in cells(c, res.chosen)])
+            classes.append("total" if c.name == res.chosen else ("over" if c.status == "outside-budget" else ""))
+        out.append(_table(HEAD, rows, num=NUMERIC, classes=classes))
+    return "".join(out)
+
+
 def _ladder_section(p: _Parsed) -> str:
     out = []
     for r in p.serves:
@@ -580,6 +623,7 @@ def render_report(inp: ReportInput) -> str:
         ("over-time", "Latency over time", _over_time_section),
         ("throughput", "Latency vs throughput", _throughput_section),
         ("optimize", "Optimisation: latency vs fidelity", _optimize_section),
+        ("optimize-gen", "Generative optimisation: TPOT vs fidelity", _optimize_gen_section),
         ("ladder", "SLO guard ladder", _ladder_section),
     ):
         body = build(p)

@@ -4,7 +4,8 @@
 * :mod:`~latencylab.results.reader`: :func:`read_result`, the one way a result file is read.
 * :mod:`~latencylab.results.base`: the shared header and the atomic writer.
 * one module per kind: :mod:`~latencylab.results.profile`, :mod:`~latencylab.results.optimize`,
-  :mod:`~latencylab.results.experiment`, :mod:`~latencylab.results.document` (kinds read by their keys);
+  :mod:`~latencylab.results.optimize_gen`, :mod:`~latencylab.results.experiment`,
+  :mod:`~latencylab.results.document` (kinds read by their keys);
   the ``load`` kind lives beside the generator (:class:`latencylab.load.results.LoadResult`).
 """
 

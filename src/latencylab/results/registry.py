@@ -74,6 +74,13 @@ register(
     "latencylab.results.optimize:OptimizeResult",
     "1: summary, candidates, config, model, env; with --out: artifact, recipe, out_removed",
 )
+register(
+    "optimize-gen",
+    1,
+    "latencylab.results.optimize_gen:OptimizeGenResult",
+    "1: summary (budget, baseline, chosen, verdict, speedups), candidates (fidelity, TTFT/TPOT), model, config, "
+    "inputs, env; with --out or --recipe: recipe",
+)
 for _kind in ("shape-policy", "pipeline-overlap", "sweep"):
     register(
         _kind,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from latencylab.diagnose.rules import (
     batching,
     environment,
+    gen_search,
     machine,
     periodic,
     preprocess,
@@ -40,6 +41,7 @@ RULES: dict[str, Rule] = {
     "machine-speed": machine.rule,  # the canary: the machine's speed moved within or between results
     "roofline": roofline.rule,  # optimize variants placed on this machine's roofline (peaks cached per machine)
     "token-stream": tokens.rule,  # token-stalls, ttft-queueing (generative load results)
+    "gen-search": gen_search.rule,  # optimize --workload gen: faster-rejected, no-choice, spec acceptance, ...
 }
 
 __all__ = ["RULES", "Rule"]

@@ -3,8 +3,8 @@
 Every function takes a result (or its JSON document) and returns ``data:image/png;base64,...`` that an
 ``<img>`` shows without any file or network access. One module per figure family: :mod:`.profile`,
 :mod:`.load` (the load-run figures are drawn by :mod:`latencylab.load.plots`, the same as
-``latencylab load --plot`` writes), :mod:`.pareto` (optimize), :mod:`.ladder` (serve), :mod:`.tokens`
-(generative load); what they share
+``latencylab load --plot`` writes), :mod:`.pareto` (optimize), :mod:`.gen_pareto` (optimize-gen),
+:mod:`.ladder` (serve), :mod:`.tokens` (generative load); what they share
 is in :mod:`.common` and :mod:`latencylab.plotting`. Latencies are in milliseconds; log axes wherever a
 tail is 10x the median. matplotlib is optional (``pip install 'latencylab[plot]'``): a missing one is a
 one-line :class:`~latencylab.errors.LatencyLabError`.
@@ -13,6 +13,7 @@ one-line :class:`~latencylab.errors.LatencyLabError`.
 from __future__ import annotations
 
 from latencylab.report.figures.common import DEADLINE, DPI, finite, to_data_uri
+from latencylab.report.figures.gen_pareto import gen_speedup_fidelity
 from latencylab.report.figures.ladder import ladder_over_time
 from latencylab.report.figures.load import (
     ThroughputPoint,
@@ -36,6 +37,7 @@ __all__ = [
     "fidelity_loss",
     "fidelity_score",
     "finite",
+    "gen_speedup_fidelity",
     "has_tokens",
     "ladder_over_time",
     "latency_vs_throughput",
