@@ -56,6 +56,14 @@ def _faster_rejected(res: OptimizeGenResult, source: str) -> list[Finding]:
         ev.append(Evidence(f"{r.name}: TPOT speed-up at equal work", round(r.speedup_tpot or 0.0, 3), "x"))
         ev.append(Evidence(f"{r.name}: outside the budget", _failed_term(r)))
     ev.append(Evidence("budget", res.budget))
+    tried = [r.name for r in res.rows if r.measured and any(k in r.name for k in ("keep", "screen", "smooth"))]
+    advice = (
+        "the speed is there, the fidelity is not: keep the layers the sensitivity ranking names in float "
+        "(the -keep / -screen variants), smooth the activations before INT8 (int8-smooth), or check on the task "
+        "itself whether the budget is stricter than it needs to be; loosen it only on that evidence"
+    )
+    if tried:
+        advice += f" (this search measured {len(tried)} such variant(s): {', '.join(tried)})"
     return [
         Finding(
             rule="gen-faster-rejected",
@@ -65,11 +73,7 @@ def _faster_rejected(res: OptimizeGenResult, source: str) -> list[Finding]:
                 f"{top.name}, is {_x(top.speedup_tpot)} with {_failed_term(top)}"
             ),
             evidence=tuple(ev),
-            recommendation=(
-                "the speed is there, the fidelity is not: keep the layers the sensitivity ranking names in float "
-                "(the -keep / -screen variants), smooth the activations before INT8 (int8-smooth), or check on "
-                "the task itself whether the budget is stricter than it needs to be; loosen it only on that evidence"
-            ),
+            recommendation=advice,
             source=source,
             details={"rejected": [r.name for r in rej], "bar": bar},
         )

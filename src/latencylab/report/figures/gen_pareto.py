@@ -143,7 +143,9 @@ def gen_figure(res: OptimizeGenResult) -> tuple[Figure, list[str]]:
         score.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _complement(v)))
         score.set_ylabel(axis.short[4:], fontsize=9)
     ax.grid(True, which="major", alpha=0.3)
-    handles: list[Any] = [Line2D([], [], marker="o", ls="", color=colour[f], ms=7, label=f) for f in families]
+    handles: list[Any] = [
+        Line2D([], [], marker="o", ls="", color=colour[f], ms=7, label=f"family {f}") for f in families
+    ]
     handles.append(
         Line2D([], [], marker="o", ls="", color="0.4", mfc="white", ms=7, label="outside the budget (hollow)")
     )
@@ -159,8 +161,7 @@ def gen_figure(res: OptimizeGenResult) -> tuple[Figure, list[str]]:
     handles.append(Line2D([], [], color="0.6", ls=":", lw=0.8, label=f"{axis.short} <= {floor:.0e}, 0 included"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8.5, framealpha=0.9)
     model = str(res.model.get("model") or "")
-    ax.set_title(f"Generative optimisation: TPOT speed-up vs fidelity ({model.split('/')[-1]}, {len(pts)} "
-                 "candidates)", fontsize=13)  # fmt: skip
+    ax.set_title(f"TPOT speed-up vs fidelity ({model.split('/')[-1]}, {len(pts)} candidates)", fontsize=13)
     named = [n for n in dict.fromkeys([*front, *([chosen] if chosen else [])]) if n in pts]
     items = [(n, *pts[n], CHOSEN if n == chosen else "0.15") for n in named]
     _place_labels(fig, ax, items, np.asarray(list(pts.values())) if pts else np.empty((0, 2)))
