@@ -337,13 +337,17 @@ class Batcher(Admission):
         and it stays let ahead while it can still make its target (a short batch that overran its prediction
         must not push it out for good). A request that can no longer meet its target is not let ahead (it
         misses whatever the order; letting it ahead would make others miss too). The urgency of a bucket is its
-        earliest-deadline request's."""
+        earliest-deadline request's, and its laxity is that request's alone: let ahead, it goes in a batch no
+        larger than keeps its aim (``_joins``), so a bucket holding several long requests is not judged by the
+        cost of all of them (it then looked unable to make its target at all, was never let ahead, and its most
+        urgent request ended in a 504 behind the short batches)."""
         queues = [(b, q) for b, q in self._queues.items() if q]
         if len(queues) == 1:
             return queues[0][0]
         cost = {b: self.predict(b, min(len(q), self.max_batch)) for b, q in queues}
         first = min(queues, key=lambda bq: (cost[bq[0]], bq[1][0].deadline_ns))[0]
-        need = {b: now + int(cost[b] * 1e9) + self.margin_ns for b, _ in queues}  # its finish if it went now
+        # its most urgent request's finish if it went now, alone (the batch _joins forms keeps that when it can)
+        need = {b: now + int(self.predict(b, 1) * 1e9) + self.margin_ns for b, _ in queues}
         to_aim = {b: q[0].aim_ns - need[b] for b, q in queues}
         # EDF lookahead: a bucket is at risk when the short batch plus every other bucket more urgent than it
         # (they would go before it once at risk) leave it less than its laxity; one at a time would let two long
