@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from latencylab.plotting import P99
 from latencylab.report.figures.common import CHOSEN, DEADLINE, finite, new, to_data_uri
-from latencylab.report.figures.pareto import BACKEND_COLOURS, _complement, _loss_floor, _place_labels
+from latencylab.report.figures.pareto import BACKEND_COLOURS, _complement, _loss_floor, _place_labels, add_legend
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -79,7 +79,6 @@ def gen_pareto_front(points: Sequence[tuple[str, float, float]]) -> list[str]:
 
 def gen_figure(res: OptimizeGenResult) -> tuple[Figure, list[str]]:
     """The plot and the names it labels (the Pareto front and the choice)."""
-    from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     axis = fidelity_axis(res.budget)
@@ -143,23 +142,9 @@ def gen_figure(res: OptimizeGenResult) -> tuple[Figure, list[str]]:
         score.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _complement(v)))
         score.set_ylabel(axis.short[4:], fontsize=9)
     ax.grid(True, which="major", alpha=0.3)
-    handles: list[Any] = [
-        Line2D([], [], marker="o", ls="", color=colour[f], ms=7, label=f"family {f}") for f in families
-    ]
-    handles.append(
-        Line2D([], [], marker="o", ls="", color="0.4", mfc="white", ms=7, label="outside the budget (hollow)")
-    )
-    if fx:
-        handles.append(Line2D([], [], marker="o", ms=12, mfc="none", mec=P99, color=P99, lw=1.5,
-                              label=f"Pareto front ({len(fx)}, labelled)"))  # fmt: skip
-    if chosen in pts:
-        handles.append(Line2D([], [], marker="*", ls="", ms=16, color=CHOSEN, mec="black", label=f"chosen: {chosen}"))
-    if base in pts:
-        handles.append(Line2D([], [], marker="D", ls="", ms=9, mfc="none", mec="0.15", label=f"baseline: {base}"))
-    if axis.bound:
-        handles.append(Line2D([], [], color=DEADLINE, ls="--", lw=1.4, label=f"fidelity budget ({axis.clause})"))
-    handles.append(Line2D([], [], color="0.6", ls=":", lw=0.8, label=f"{axis.short} <= {floor:.0e}, 0 included"))
-    fig.legend(handles=handles, loc="outside right upper", fontsize=8.5, framealpha=0.9)
+    groups = {f"family {f}": colour[f] for f in families}
+    add_legend(fig, groups, len(fx), chosen if chosen in pts else None, base if base in pts else None,
+               axis.clause if axis.bound else None, axis.short, floor)  # fmt: skip
     model = str(res.model.get("model") or "")
     ax.set_title(f"TPOT speed-up vs fidelity ({model.split('/')[-1]}, {len(pts)} candidates)", fontsize=13)
     named = [n for n in dict.fromkeys([*front, *([chosen] if chosen else [])]) if n in pts]

@@ -180,7 +180,6 @@ def pareto_figure(doc: Mapping[str, Any]) -> tuple[Figure, list[str]]:
     when outside the fidelity budget; the front joined, the choice starred, the baseline a diamond, the
     budget a labelled red line with the region beyond it shaded; a loss of 0 (or one below the axis's
     floor, :func:`_loss_floor`) is drawn on the floor line."""
-    from matplotlib.lines import Line2D
 
     s = doc.get("summary") or {}
     loss = fidelity_loss(doc)
@@ -244,23 +243,9 @@ def pareto_figure(doc: Mapping[str, Any]) -> tuple[Figure, list[str]]:
         score_axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _complement(v)))
         score_axis.set_ylabel(loss.short[4:], fontsize=9)
     ax.grid(True, which="major", alpha=0.3)
-    handles: list[Any] = [
-        Line2D([], [], marker="o", ls="", color=colour[b], ms=7, label=f"backend {b}") for b in backends
-    ]
-    handles.append(
-        Line2D([], [], marker="o", ls="", color="0.4", mfc="white", ms=7, label="outside the budget (hollow)")
-    )
-    if fx:
-        handles.append(Line2D([], [], marker="o", ms=12, mfc="none", mec=P99, color=P99, lw=1.5,
-                              label=f"Pareto front ({len(fx)}, labelled)"))  # fmt: skip
-    if chosen in pts:
-        handles.append(Line2D([], [], marker="*", ls="", ms=16, color=CHOSEN, mec="black", label=f"chosen: {chosen}"))
-    if base in pts:
-        handles.append(Line2D([], [], marker="D", ls="", ms=9, mfc="none", mec="0.15", label=f"baseline: {base}"))
-    if loss.bound:
-        handles.append(Line2D([], [], color=DEADLINE, ls="--", lw=1.4, label=f"fidelity budget ({loss.clause})"))
-    handles.append(Line2D([], [], color="0.6", ls=":", lw=0.8, label=f"{loss.short} <= {floor:.0e}, 0 included"))
-    fig.legend(handles=handles, loc="outside right upper", fontsize=8.5, framealpha=0.9)
+    groups = {f"backend {b}": colour[b] for b in backends}
+    add_legend(fig, groups, len(fx), chosen if chosen in pts else None, base if base in pts else None,
+               loss.clause if loss.bound else None, loss.short, floor)  # fmt: skip
     model = (doc.get("model") or {}).get("model", "")
     # the titles over the axes, not the figure: the legend beside the axes would cover a centred suptitle
     # the headline (a long line) is the report's text above the figure, not a title that squeezes the axes
@@ -269,6 +254,32 @@ def pareto_figure(doc: Mapping[str, Any]) -> tuple[Figure, list[str]]:
     items = [(n, *pts[n], CHOSEN if n == chosen else "0.15") for n in named]
     _place_labels(fig, ax, items, np.asarray(list(pts.values())) if pts else np.empty((0, 2)))
     return fig, named
+
+
+def add_legend(
+    fig: Figure, groups: Mapping[str, str], n_front: int, chosen: str | None, base: str | None,
+    budget_clause: str | None, short: str, floor: float,
+) -> None:  # fmt: skip
+    """The legend of a speed-vs-fidelity plot, right of the axes: a marker per group (label -> colour), hollow =
+    outside the budget, the Pareto front's rings, the chosen star, the baseline diamond, the budget line and the
+    floor at which a zero loss is drawn."""
+    from matplotlib.lines import Line2D
+
+    handles: list[Any] = [Line2D([], [], marker="o", ls="", color=c, ms=7, label=g) for g, c in groups.items()]
+    handles.append(
+        Line2D([], [], marker="o", ls="", color="0.4", mfc="white", ms=7, label="outside the budget (hollow)")
+    )
+    if n_front:
+        handles.append(Line2D([], [], marker="o", ms=12, mfc="none", mec=P99, color=P99, lw=1.5,
+                              label=f"Pareto front ({n_front}, labelled)"))  # fmt: skip
+    if chosen is not None:
+        handles.append(Line2D([], [], marker="*", ls="", ms=16, color=CHOSEN, mec="black", label=f"chosen: {chosen}"))
+    if base is not None:
+        handles.append(Line2D([], [], marker="D", ls="", ms=9, mfc="none", mec="0.15", label=f"baseline: {base}"))
+    if budget_clause is not None:
+        handles.append(Line2D([], [], color=DEADLINE, ls="--", lw=1.4, label=f"fidelity budget ({budget_clause})"))
+    handles.append(Line2D([], [], color="0.6", ls=":", lw=0.8, label=f"{short} <= {floor:.0e}, 0 included"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8.5, framealpha=0.9)
 
 
 def _complement(loss: float) -> str:
