@@ -61,7 +61,7 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # The tests that judge real wall-clock behaviour (marked `serial`) run first, one at a time (those that need the
-# machine idle, marked `quiet`, before the others); then the rest on two pytest-xdist workers
+# machine idle, marked `quiet`, after the others); then the rest on two pytest-xdist workers
 # (scripts/run-tests.sh). TEST_OVERLAP=1 runs the rest beside the serial part at idle CPU priority (faster, but
 # the serial judgements lose their quiet machine); TEST_WORKERS=0 runs everything in one process.
 export TEST_WORKERS ?= 2

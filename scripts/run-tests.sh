@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make test` / `make test-fast`: the tests that judge real wall-clock behaviour (marked `serial`, see
 # tests/conftest.py) one at a time, then every other test on $TEST_WORKERS pytest-xdist workers (a test file per
-# worker at a time). The serial tests that need the machine idle (marked `quiet`) run first in part 1, or with
-# TEST_OVERLAP=1 last, after everything else. TEST_WORKERS=0: one process for all.
+# worker at a time). The serial tests that need the machine idle (marked `quiet`) run last in part 1, or with
+# TEST_OVERLAP=1 after everything else. TEST_WORKERS=0: one process for all.
 #
 # Overlap (TEST_OVERLAP=1, opt-in; off by default): part 2 starts at once beside part 1, under the SCHED_IDLE
 # policy: the kernel runs it only on CPU time nothing else wants, and a serial test's thread that wakes up preempts

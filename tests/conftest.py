@@ -128,8 +128,8 @@ SERIAL: dict[str, str] = {
 
 # Serial tests that need the machine idle, not only a core when they wake: their verdict reads how much CPU other
 # processes used (diagnose's "busy machine" rule), and idle-priority work is CPU use too. scripts/run-tests.sh
-# runs them first in part 1 (nothing else runs then), or, with TEST_OVERLAP=1, last, after every other test has
-# ended (marked ``quiet``; also ``serial``). Same keys as ``SLOW``.
+# runs them last in part 1 (nothing else runs then), or, with TEST_OVERLAP=1, after every other test has ended
+# (marked ``quiet``; also ``serial``). Same keys as ``SLOW``.
 QUIET: dict[str, str] = {
     "test_diagnose_pipelines.py::test_clean_control_gives_no_finding_on_a_quiet_machine": "no false alarm",
     "test_diagnose_pipelines.py::test_a_cycled_input_set_is_no_periodic_finding": "no false alarm",
@@ -154,9 +154,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.quiet)
         if _named(SERIAL, item) or _named(QUIET, item) or "machine_noise" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.serial)
-    # the quiet ones first (a stable sort): run in one part with the other serial tests (scripts/run-tests.sh
-    # without overlap), they start on a machine nothing else has used yet
-    items.sort(key=lambda item: item.get_closest_marker("quiet") is None)
+    # the quiet ones last (a stable sort): in one part with the other serial tests (scripts/run-tests.sh without
+    # overlap), after minutes of light serial work; run first, right after the set-up's installs, their canary saw
+    # the machine's speed move 50-60% and they skipped in two clean-clone CI runs (docs/benchmarks/tests.md)
+    items.sort(key=lambda item: item.get_closest_marker("quiet") is not None)
     for table, label in ((SLOW, "SLOW"), (SERIAL, "SERIAL"), (QUIET, "QUIET")):
         for key in table:
             module, _, name = key.partition("::")

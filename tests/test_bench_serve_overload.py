@@ -6,11 +6,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import serve_overload as so
+from _serving import windows
 
 
 def _run(cap: float, p99s: list[float], goodput: float, passed: bool = True) -> dict[str, Any]:
@@ -68,9 +70,6 @@ def test_an_extra_overload_factor_is_judged_and_reported(capsys: pytest.CaptureF
 
 def test_an_error_after_admission_is_a_miss_of_the_admitted() -> None:
     """A 504 (or any error) after admission counts in the admitted p99 at its latency; a shed request does not."""
-    import numpy as np
-    from _serving import windows
-
     n = 200
     intended = np.arange(n, dtype=np.int64) * 50_000_000  # 20/s over 10 s: one window
     lat = np.full(n, 10_000_000, dtype=np.int64)  # every answer 10 ms
