@@ -12,7 +12,13 @@ import numpy as np
 
 from latencylab.plotting import P99
 from latencylab.report.figures.common import CHOSEN, DEADLINE, finite, new, to_data_uri
-from latencylab.report.figures.pareto import BACKEND_COLOURS, _complement, _loss_floor, _place_labels, add_legend
+from latencylab.report.figures.pareto import (
+    BACKEND_COLOURS,
+    _loss_floor,
+    _place_labels,
+    add_legend,
+    add_score_axis,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -136,11 +142,7 @@ def gen_figure(res: OptimizeGenResult) -> tuple[Figure, list[str]]:
                     va="bottom", fontsize=9, color=DEADLINE, fontweight="bold")  # fmt: skip
     ax.set_xlabel("TPOT speed-up over eager FP32 at equal work (log), 95% paired CI; right is faster")
     ax.set_ylabel(f"{axis.label} (log; up is closer to FP32)")
-    if axis.short.startswith("1 - "):
-        score = ax.secondary_yaxis("right")
-        score.yaxis.set_major_locator(LogLocator(base=10))
-        score.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _complement(v)))
-        score.set_ylabel(axis.short[4:], fontsize=9)
+    add_score_axis(ax, axis.short)
     ax.grid(True, which="major", alpha=0.3)
     groups = {f"family {f}": colour[f] for f in families}
     add_legend(fig, groups, len(fx), chosen if chosen in pts else None, base if base in pts else None,

@@ -235,13 +235,7 @@ def pareto_figure(doc: Mapping[str, Any]) -> tuple[Figure, list[str]]:
                     va="bottom", fontsize=9, color=DEADLINE, fontweight="bold")  # fmt: skip
     ax.set_xlabel("p50 latency per call (ms, log), 95% CI; left is faster")
     ax.set_ylabel(f"{loss.label} (log; up is closer to FP32)")
-    if loss.short.startswith("1 - "):  # the score itself beside its loss: 0.999 and 0.99 a decade apart
-        from matplotlib.ticker import FuncFormatter, LogLocator
-
-        score_axis = ax.secondary_yaxis("right")
-        score_axis.yaxis.set_major_locator(LogLocator(base=10))
-        score_axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _complement(v)))
-        score_axis.set_ylabel(loss.short[4:], fontsize=9)
+    add_score_axis(ax, loss.short)
     ax.grid(True, which="major", alpha=0.3)
     groups = {f"backend {b}": colour[b] for b in backends}
     add_legend(fig, groups, len(fx), chosen if chosen in pts else None, base if base in pts else None,
@@ -254,6 +248,19 @@ def pareto_figure(doc: Mapping[str, Any]) -> tuple[Figure, list[str]]:
     items = [(n, *pts[n], CHOSEN if n == chosen else "0.15") for n in named]
     _place_labels(fig, ax, items, np.asarray(list(pts.values())) if pts else np.empty((0, 2)))
     return fig, named
+
+
+def add_score_axis(ax: Axes, short: str) -> None:
+    """For a loss ``1 - score`` on a log axis, the score itself on a right-hand axis (0.999 and 0.99 a decade
+    apart); nothing for any other loss."""
+    if not short.startswith("1 - "):
+        return
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    score_axis = ax.secondary_yaxis("right")
+    score_axis.yaxis.set_major_locator(LogLocator(base=10))
+    score_axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _complement(v)))
+    score_axis.set_ylabel(short[4:], fontsize=9)
 
 
 def add_legend(
