@@ -137,7 +137,7 @@ def test_cli_capacity_of_the_queueing_reference_server_is_bracketed(tmp_path: Pa
     truth = md_c_capacity(SLOTS, SERVICE_S, TTFT_S, LIMIT_S)
     assert 40 < truth < 80  # the law's own capacity, with margin from both ends
     with stream_server(*LAW) as url:
-        doc = _search(url, tmp_path, "--start-rate", "20", "--step-duration", "1", "--warmup", "0.2",
+        doc = _search(url, tmp_path, "--start-rate", "40", "--step-duration", "1", "--warmup", "0.2",
                       "--max-chunks", "3", "--precision", "0.5")  # fmt: skip
     cap = doc["summary"]["capacity_rate"]
     steps = doc["capacity"]["steps"]

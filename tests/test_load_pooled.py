@@ -133,14 +133,15 @@ def test_interleaved_order_and_capacity_per_server() -> None:
 
 @pytest.mark.slow
 def test_a_real_pair_the_slower_server_fails_first(machine_noise: Noise) -> None:
-    """Two real servers with known service times (one request at a time): 8 ms and 16 ms per request. With a
-    p99 <= 60 ms objective over 2 interleaved rounds of 2.5 s, the 16-ms one saturates first."""
-    judging = "two real servers' capacities at a 60-ms p99 on 2.5-s steps"
-    machine_noise.require(judging, stolen=0.05, max_stall_ms=20.0, wake_late_ms=2.0)
-    slo = Slo.parse("p99=60ms")
+    """Two real servers with known service times (one request at a time): 4 ms and 8 ms per request. With a
+    p99 <= 30 ms objective over 2 interleaved rounds of 1.25 s, the 8-ms one saturates first. (The queues of
+    8 and 16 ms judged at 60 ms on 2.5-s rounds, at half the rates, are the same law in twice the time.)"""
+    judging = "two real servers' capacities at a 30-ms p99 on 1.25-s steps"
+    machine_noise.require(judging, stolen=0.05, max_stall_ms=10.0, wake_late_ms=2.0)
+    slo = Slo.parse("p99=30ms")
     with (
-        reference_server("--service", "constant(8ms)", "--serial") as fast,
-        reference_server("--service", "constant(16ms)", "--serial") as slow,
+        reference_server("--service", "constant(4ms)", "--serial") as fast,
+        reference_server("--service", "constant(8ms)", "--serial") as slow,
     ):
         urls = {"fast": fast, "slow": slow}
         payloads = payloads_for_model(fetch_metadata(fast, "reference"), 4)
@@ -151,24 +152,24 @@ def test_a_real_pair_the_slower_server_fails_first(machine_noise: Noise) -> None
                 urls[server], infer_path("reference"), payloads, Poisson(rate, seed),
                 # spin: a sleeping generator is > 1 ms late on ~4% of sends here, which makes a 2.5-s round
                 # invalid (the rule is 1%); this test judges the pooled verdicts, not the send timing
-                LoadConfig(duration_s=2.5, spin="on"),
+                LoadConfig(duration_s=1.25, spin="on"),
                 slo=slo, seed=seed, env={},
             )  # fmt: skip
             return res
 
-        # 16 ms x 70/s = 112% busy: the slow server cannot pass 70/s; 8 ms x 40/s = 32%: the fast one passes it.
-        # A 2.5-s round on 2 shared cores can lose to one stall of the generator: up to 3 grids, the first that
+        # 8 ms x 140/s = 112% busy: the slow server cannot pass 140/s; 4 ms x 80/s = 32%: the fast one passes it.
+        # A 1.25-s round on 2 shared cores can lose to one stall of the generator: up to 3 grids, the first that
         # judges both servers counts
         for _attempt in range(3):
-            out = pooled_grid(step, ["fast", "slow"], slo, [10, 40, 70], rounds=2)
+            out = pooled_grid(step, ["fast", "slow"], slo, [20, 80, 140], rounds=2)
             fast_cap, slow_cap = out["fast"][0].capacity_rate, out["slow"][0].capacity_rate
-            if slow_cap is not None and fast_cap is not None and fast_cap >= 40 and slow_cap < 70:
+            if slow_cap is not None and fast_cap is not None and fast_cap >= 80 and slow_cap < 140:
                 break
-    if not (slow_cap is not None and fast_cap is not None and fast_cap >= 40):
+    if not (slow_cap is not None and fast_cap is not None and fast_cap >= 80):
         machine_noise.recheck(
-            judging, stolen=0.05, max_stall_ms=20.0, wake_late_ms=2.0
+            judging, stolen=0.05, max_stall_ms=10.0, wake_late_ms=2.0
         )  # the machine turned noisy while it ran: skip
-    assert slow_cap is not None and fast_cap is not None and fast_cap >= 40 and slow_cap < 70
+    assert slow_cap is not None and fast_cap is not None and fast_cap >= 80 and slow_cap < 140
     assert fast_cap >= slow_cap
     steps = out["fast"][1]
     assert all(p.rounds == 2 and p.sent == p.ok + p.failed for p in steps)
