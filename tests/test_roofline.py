@@ -270,6 +270,25 @@ def test_roofline_findings_on_the_vision_workload(peaks: object) -> None:
     assert sum(f.rule == PEAKS_RULE for f in findings) == 1
 
 
+@pytest.mark.slow
+def test_vision_work_counted_on_the_input_shape_equals_the_held_out_images() -> None:
+    """The report counts a CNN's work on zeros of its input shape (decoding the held-out JPEGs took ~3 s of every
+    report): the FLOPs and bytes are those of the real first held-out batch, to the element."""
+    pytest.importorskip("sklearn")
+    import torch
+
+    from latencylab.optimize.adapters import adapter_for
+    from latencylab.roofline.flops import count_work, workload_work
+
+    for batch in (1, 4):
+        adapter = adapter_for("vision", batch_size=batch)
+        feed = adapter.heldout()[0]
+        real = count_work(adapter.torch_model(), [torch.from_numpy(feed["pixels"])])
+        assert adapter.shape_feed()["pixels"].shape == feed["pixels"].shape
+        assert workload_work("vision", batch_size=batch, adapter=adapter) == real
+        assert real.flops > 5e6 * batch
+
+
 def test_place_optimize_result_and_rule(peaks: object, monkeypatch: pytest.MonkeyPatch) -> None:
     from latencylab.diagnose.rules import roofline as rule_mod
     from latencylab.roofline import api

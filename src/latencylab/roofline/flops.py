@@ -151,13 +151,15 @@ def count_work(model: Any, args: Sequence[Any], padding_fraction: float | None =
 
 def workload_work(workload: str, batch_size: int = 1, seq_len: int | None = 128, adapter: Any = None) -> Work:
     """Work of the built-in text (batch x seq_len tokens, MiniLM + pooling) or vision (batch x 3 x 64 x 64)
-    forward, on the optimize adapter's first held-out feed (the same model and input the lab times)."""
+    forward, on the optimize adapter's first held-out feed (the same model and input the lab times), or on its
+    ``shape_feed()`` where the work depends on the input's shape alone (vision)."""
     torch = _torch()
     if adapter is None:
         from latencylab.optimize.adapters import adapter_for
 
         adapter = adapter_for(workload, seq_len=seq_len, batch_size=batch_size)
-    feed = adapter.heldout()[0]
+    shape_feed = getattr(adapter, "shape_feed", None)
+    feed = shape_feed() if shape_feed is not None else adapter.heldout()[0]
     args = [torch.from_numpy(feed[n]) for n in adapter.input_names]
     padding = None
     if "attention_mask" in feed:
