@@ -445,6 +445,12 @@ def one_run(
                 m["server_shed_by_reason"] = by_label(d, "latencylab_server_shed_total", "reason")
                 m["server_errors_by_kind"] = by_label(d, "latencylab_server_errors_total", "kind")
                 m["server_requests_by_code"] = by_label(d, "latencylab_server_requests_total", "code")
+                # where each 504 was when its deadline passed (preprocess, queued, computing, release_*)
+                misses = by_label(d, "latencylab_server_deadline_misses_total", "where")
+                m["server_misses_by_where"] = {k: int(v) for k, v in sorted(misses.items()) if v}
+                if m["server_misses_by_where"]:
+                    where = ", ".join(f"{k} {v}" for k, v in m["server_misses_by_where"].items())
+                    print(f"  {label}: the server's 504s by where the request was at its deadline: {where}")
                 bs_sum = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_sum")
                 bs_n = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_count")
                 m["server_mean_batch_size"] = bs_sum / bs_n if bs_n else None

@@ -143,6 +143,58 @@ def test_a_preprocess_slower_than_the_deadline_is_answered_504_at_the_deadline()
     assert batches == 0
     batcher = svc.batchers[0]
     assert len(batcher) == 0 and batcher._reserved == 0 and svc.preprocessing == 0 and svc.in_flight == 0
+    assert _misses(svc) == {"preprocess": 1}
+
+
+def _misses(svc: ModelService) -> dict[str, int]:
+    """The service's 504s by where each request was when its deadline passed (the metric's ``where``)."""
+    out: dict[str, int] = {}
+    for metric in svc.metrics.registry.collect():
+        if metric.name == "latencylab_server_deadline_misses":
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.value:
+                    out[sample.labels["where"]] = int(sample.value)
+    return out
+
+
+def test_each_504_says_where_its_request_was_when_the_deadline_passed() -> None:
+    """A forward held past the deadlines: the request in it misses while ``computing``, the one queued behind
+    it while ``queued`` (one batch at a time); the metric counts each where it was, for the overload benchmark's
+    account of which part of the server the admitted requests missed in."""
+    variant = Gated("fp32", 0.001)
+    svc, _ = _service(variant)
+    body = parse_infer_request(
+        json.dumps({**BODY, "parameters": {"deadline_ms": 80}}).encode(), "fake", None, svc.inputs
+    )
+    batcher = svc.batchers[0]
+
+    async def status(task: asyncio.Task[Any]) -> int:
+        try:
+            await task
+            return 200
+        except ServiceError as exc:
+            return exc.status
+
+    async def go() -> list[int]:
+        await svc.start()
+        try:
+            variant.entered.clear()
+            variant.gate.clear()
+            safety = threading.Timer(10.0, variant.gate.set)
+            safety.start()
+            first = asyncio.create_task(svc.infer(body, Timing(svc.now_ns())))
+            await until(variant.entered.is_set)  # computing, held at the gate
+            second = asyncio.create_task(svc.infer(body, Timing(svc.now_ns())))
+            codes = [await status(first), await status(second)]
+            safety.cancel()
+            variant.gate.set()
+            await until(lambda: not batcher._running)
+            return codes
+        finally:
+            await svc.stop()
+
+    assert asyncio.run(go()) == [504, 504]
+    assert _misses(svc) == {"computing": 1, "queued": 1}
 
 
 def test_a_bad_input_found_in_preprocessing_is_a_4xx_and_releases_its_reservation() -> None:

@@ -50,7 +50,12 @@ class ModelFailure(Exception):
 
 
 class DeadlineExceeded(Exception):
-    """The request's deadline passed before its batch could start (504)."""
+    """The request's deadline passed before its batch could start, or its batch could not finish by it (504);
+    ``passed``: the former."""
+
+    def __init__(self, message: str, passed: bool = False) -> None:
+        super().__init__(message)
+        self.passed = passed
 
 
 @dataclass(order=True, slots=True)
@@ -437,8 +442,9 @@ class Batcher(Admission):
                 if not late:
                     break
                 for job in late:
-                    why = "deadline passed while queued" if job.deadline_ns < released else "cannot finish by deadline"
-                    job.future.set_exception(DeadlineExceeded(why))
+                    passed = job.deadline_ns < released
+                    why = "deadline passed while queued" if passed else "cannot finish by deadline"
+                    job.future.set_exception(DeadlineExceeded(why, passed))
                 live = [j for j in live if j.deadline_ns >= finish]
             if not live:
                 continue  # nothing ran: the bucket's estimate is still unrefuted (stays due for a probe)

@@ -63,6 +63,13 @@ class ServerMetrics:
         self.errors = Counter(
             "latencylab_server_errors", "Requests answered with an error, by kind.", ["model", "kind"], registry=r
         )
+        self.misses = Counter(
+            "latencylab_server_deadline_misses",
+            "Admitted requests answered 504, by where each was when its deadline was missed: preprocess, queued, "
+            "computing (at the deadline), release_passed, release_late (failed at its batch's release).",
+            ["model", "variant", "where"],
+            registry=r,
+        )
         self.requests = Counter(
             "latencylab_server_requests",
             "Answered requests by producer and status code.",

@@ -60,7 +60,14 @@ class Timing:
 
 
 class _Late(Exception):
-    """An admitted request's deadline passed before its answer (a 504)."""
+    """An admitted request's deadline passed before its answer (a 504). ``where`` it was when that became
+    known: ``preprocess`` (not yet preprocessed at the deadline), ``queued`` (in the batcher's queue at the
+    deadline), ``computing`` (its batch ran past the deadline), ``release_passed`` / ``release_late`` (failed
+    at its batch's release: the deadline had passed, or the batch could not finish by it)."""
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.where = where
 
 
 class ModelService:
@@ -273,6 +280,7 @@ class ModelService:
                     batcher, request, timing, deadline_ns, float(deadline_ms), admit_by, slack
                 )
         except _Late as late:
+            self.metrics.misses.labels(self.name, batcher.variant.name, late.where).inc()
             self._missed(boundary, deadline_ns, predicted if near else 0, int(float(deadline_ms) * 1e6))
             self._late_outcome(level, timing, deadline_ns)
             self._penalise(level, routed, deadline_ms)
@@ -361,12 +369,13 @@ class ModelService:
             raise ServiceError(exc.status, str(exc), kind="bad_input") from None
         except asyncio.CancelledError:
             fut.cancel()  # a preprocess worker that has not begun skips it
-            batcher.withdraw(fut)
+            queued = batcher.withdraw(fut)
             if expired:
-                raise _Late(f"deadline of {deadline_ms:g} ms exceeded") from None
+                where = "queued" if queued else "computing" if timing.preprocessed else "preprocess"
+                raise _Late(f"deadline of {deadline_ms:g} ms exceeded", where) from None
             raise
         except DeadlineExceeded as exc:
-            raise _Late(str(exc)) from None
+            raise _Late(str(exc), "release_passed" if exc.passed else "release_late") from None
         except Shed as shed:
             self.metrics.shed.labels(self.name, shed.reason).inc()
             raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
