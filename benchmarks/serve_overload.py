@@ -296,9 +296,9 @@ def main() -> int:
         help="capacity: keep a chunk whose only flaw is this fraction of sends > 1 ms late (default 5%%)",
     )  # fmt: skip
     ap.add_argument(
-        "--cooldown", type=float, default=5.0,
+        "--cooldown", type=float, default=8.0,
         help="capacity: idle seconds before each step, so the server's learned admission margin relaxes from the "
-        "step before (SearchConfig.cooldown_s; default 5)",
+        "step before (SearchConfig.cooldown_s; default 8: from its ceiling, 0.5 x SLO, it takes 2 + 6 s)",
     )  # fmt: skip
     ap.add_argument("--at-capacity-s", type=float, default=10.0, help="seconds at the capacity (0 = skip)")
     ap.add_argument("--start-rate", type=float, help="first capacity step (default: vision 100/s, text 10/s)")

@@ -375,6 +375,37 @@ def test_release_fails_fast_whoever_cannot_finish_by_the_deadline() -> None:
     assert n_batches == 1  # the doomed request never spent compute
 
 
+def test_a_queued_request_fails_at_its_point_of_no_return_not_after_its_deadline() -> None:
+    """Every worker busy: a queued request that could no longer finish by its deadline even if it started now
+    (deadline - its predicted cost) fails at once with a 504 before the deadline (issue 22: such requests sat in
+    the queue, counted ahead of every admission, until their deadline's timer answered them after it); one that
+    can still make it stays queued and runs."""
+
+    async def go() -> tuple[str, str, bool, int, int, list[Any]]:
+        clock, v, clk = on_fake_clock(base=0.05, per_item=0.0)
+        b = Batcher(v, max_batch_size=1, max_delay_s=0.0001, max_queue=8, **clk)
+        b.warmup([1])  # a batch of one costs 50 ms
+        warm = len(v.batches)
+        b.start()
+        t0 = b.now_ns()
+        busy = await busy_with(b, v, 1, t0 + ms(5000))  # the only worker, held at the gate
+        doomed = b.submit(2, t0 + ms(120))  # its point of no return: t0 + 70 ms
+        fine = b.submit(3, t0 + ms(5000))
+        clock.advance(ms(80))  # past it, while the worker is still busy
+        with pytest.raises(DeadlineExceeded) as e:
+            await doomed
+        failed_at, still_busy = b.now_ns() - t0, not busy.done()
+        v.gate.set()  # type: ignore[union-attr]
+        await asyncio.gather(busy, fine)
+        await b.stop()
+        return e.value.where, str(e.value), still_busy, failed_at, len(b), [x[0] for x in v.batches[warm:]]
+
+    where, why, still_busy, failed_at, left, ran = run(go())
+    assert (where, why) == ("queue_late", "cannot finish by deadline")
+    assert still_busy and failed_at == ms(80) < ms(120)  # before its deadline, while the worker was busy
+    assert left == 0 and ran == [1, 3]  # the doomed request never computed; the one that could make it ran
+
+
 def test_two_workers_run_two_batches_at_once(machine_noise: Noise) -> None:
     """Real threads, real sleeps: the point is that two batches really overlap."""
     limits = {"stolen": 0.5, "wake_late_ms": 5.0}

@@ -159,7 +159,7 @@ def _misses(svc: ModelService) -> dict[str, int]:
 
 def test_each_504_says_where_its_request_was_when_the_deadline_passed() -> None:
     """A forward held past the deadlines: the request in it misses while ``computing``, the one queued behind
-    it while ``queued`` (one batch at a time); the metric counts each where it was, for the overload benchmark's
+    it in the queue (one batch at a time); the metric counts each where it was, for the overload benchmark's
     account of which part of the server the admitted requests missed in."""
     variant = Gated("fp32", 0.001)
     svc, _ = _service(variant)
@@ -194,7 +194,11 @@ def test_each_504_says_where_its_request_was_when_the_deadline_passed() -> None:
             await svc.stop()
 
     assert asyncio.run(go()) == [504, 504]
-    assert _misses(svc) == {"computing": 1, "queued": 1}
+    misses = _misses(svc)
+    # the queued one: failed by the batcher's sweep at its point of no return (deadline - ~1 ms of predicted
+    # compute), or once its deadline had passed if the loop woke late; either way found in the queue
+    assert misses.pop("computing") == 1 and len(misses) == 1, misses
+    assert next(iter(misses.items())) in (("queue_late", 1), ("queue_passed", 1)), misses
 
 
 def test_a_bad_input_found_in_preprocessing_is_a_4xx_and_releases_its_reservation() -> None:

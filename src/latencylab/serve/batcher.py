@@ -50,12 +50,14 @@ class ModelFailure(Exception):
 
 
 class DeadlineExceeded(Exception):
-    """The request's deadline passed before its batch could start, or its batch could not finish by it (504);
-    ``passed``: the former."""
+    """The request could not be answered by its deadline (504). ``where``: ``release_passed`` (its deadline had
+    passed at its batch's release), ``release_late`` (its batch could not finish by it), ``queue_passed`` /
+    ``queue_late`` (still queued, its deadline had passed / it could no longer finish by it even if it started at
+    once, alone: ``Batcher._drop_hopeless``)."""
 
-    def __init__(self, message: str, passed: bool = False) -> None:
+    def __init__(self, message: str, where: str = "release_late") -> None:
         super().__init__(message)
-        self.passed = passed
+        self.where = where
 
 
 @dataclass(order=True, slots=True)
@@ -404,13 +406,50 @@ class Batcher(Admission):
         t_end = self.now_ns()
         return outs, (t_fwd - t_start) / 1e9, (t_end - t_fwd) / 1e9, t_start
 
+    def _no_return_ns(self, bucket: int, job: Job, now: int) -> int:
+        """The last instant ``job`` could start, alone, and still finish by its deadline: its deadline less its
+        bucket's predicted cost of one (a stale bucket's estimate is unrefuted: its deadline itself)."""
+        if self.bucket_stale(bucket, now):
+            return job.deadline_ns
+        return job.deadline_ns - int(self.predict(bucket, 1) * 1e9)
+
+    def _drop_hopeless(self, now: int) -> int | None:
+        """Fail now (504) every queued job past its point of no return (``_no_return_ns``): it would miss whatever
+        ran next, and waiting for its deadline's timer kept it in the queue, counted ahead of every admission,
+        until its 504 came after the deadline (issue 22: a third of the text model's 504s under 2x overload).
+        Returns the next job's point of no return (None: nothing queued), when the loop looks again."""
+        nxt: int | None = None
+        dropped = False
+        for b, q in self._queues.items():
+            while q:
+                job = q[0]
+                at = self._no_return_ns(b, job, now)
+                if at > now and not job.future.done():
+                    nxt = at if nxt is None else min(nxt, at)
+                    break
+                heapq.heappop(q)
+                self._queued -= 1
+                dropped = True
+                if not job.future.done():
+                    passed = job.deadline_ns < now
+                    why = "deadline passed while queued" if passed else "cannot finish by deadline"
+                    job.future.set_exception(DeadlineExceeded(why, "queue_passed" if passed else "queue_late"))
+        if dropped and self._on_depth is not None:
+            self._on_depth(self._queued)
+        return nxt
+
     async def _run(self) -> None:
         while True:
+            now = self.now_ns()
+            no_return = self._drop_hopeless(now) if self._queued else None
             if not self._queued or len(self._running) >= self.workers or not any(self._queues.values()):
                 self._wake.clear()
-                await self._wake.wait()
+                if no_return is None:
+                    await self._wake.wait()
+                else:  # every worker busy: look again when the next queued job would pass its point of no return
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), (no_return - now) / 1e9)
                 continue
-            now = self.now_ns()
             release_at, reason = self._release_at(now)
             if release_at > now:
                 self._wake.clear()
@@ -444,7 +483,7 @@ class Batcher(Admission):
                 for job in late:
                     passed = job.deadline_ns < released
                     why = "deadline passed while queued" if passed else "cannot finish by deadline"
-                    job.future.set_exception(DeadlineExceeded(why, passed))
+                    job.future.set_exception(DeadlineExceeded(why, "release_passed" if passed else "release_late"))
                 live = [j for j in live if j.deadline_ns >= finish]
             if not live:
                 continue  # nothing ran: the bucket's estimate is still unrefuted (stays due for a probe)

@@ -66,7 +66,8 @@ class ServerMetrics:
         self.misses = Counter(
             "latencylab_server_deadline_misses",
             "Admitted requests answered 504, by where each was when its deadline was missed: preprocess, queued, "
-            "computing (at the deadline), release_passed, release_late (failed at its batch's release).",
+            "computing (at the deadline), release_passed, release_late (failed at its batch's release: the deadline "
+            "had passed / the batch could not finish by it), queue_passed, queue_late (the same, found while queued).",
             ["model", "variant", "where"],
             registry=r,
         )

@@ -63,7 +63,8 @@ class _Late(Exception):
     """An admitted request's deadline passed before its answer (a 504). ``where`` it was when that became
     known: ``preprocess`` (not yet preprocessed at the deadline), ``queued`` (in the batcher's queue at the
     deadline), ``computing`` (its batch ran past the deadline), ``release_passed`` / ``release_late`` (failed
-    at its batch's release: the deadline had passed, or the batch could not finish by it)."""
+    at its batch's release: the deadline had passed, or the batch could not finish by it), ``queue_passed`` /
+    ``queue_late`` (failed in the queue: the same two, ``Batcher._drop_hopeless``)."""
 
     def __init__(self, message: str, where: str) -> None:
         super().__init__(message)
@@ -375,7 +376,7 @@ class ModelService:
                 raise _Late(f"deadline of {deadline_ms:g} ms exceeded", where) from None
             raise
         except DeadlineExceeded as exc:
-            raise _Late(str(exc), "release_passed" if exc.passed else "release_late") from None
+            raise _Late(str(exc), exc.where) from None
         except Shed as shed:
             self.metrics.shed.labels(self.name, shed.reason).inc()
             raise ServiceError(503, f"overloaded ({shed.reason})", shed.retry_after_s, "shed") from None
