@@ -14,12 +14,13 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import gc
 import hmac
 import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -380,6 +381,28 @@ def build_state(
     return ServerState(cfg, services, metrics, RequestTracer(tracer_provider), token, clock=clock)
 
 
+@contextlib.contextmanager
+def gc_pauses_observed(metrics: ServerMetrics) -> Iterator[None]:
+    """Every garbage collection while serving, timed into ``latencylab_server_gc_pause_seconds`` (gc.callbacks).
+    A collection stops every thread: one that walks the model's objects shows as a gap in every answer."""
+    started: list[int] = []
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[:] = [time.perf_counter_ns()]
+        elif started:
+            took = (time.perf_counter_ns() - started[0]) / 1e9
+            metrics.gc_pause.labels(str(info.get("generation", "?"))).observe(took)
+            started.clear()
+
+    gc.callbacks.append(callback)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(callback)
+
+
 def lifespan_app(state: ServerState) -> Starlette:
     """The app with batchers started on startup and stopped (after uvicorn drained requests) on shutdown."""
 
@@ -387,13 +410,21 @@ def lifespan_app(state: ServerState) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for svc in state.services.values():
             await svc.start()
-        state.ready = True
-        try:
-            yield
-        finally:
-            state.ready = False
-            for svc in state.services.values():
-                await svc.stop()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(gc_pauses_observed(state.metrics))
+            if state.cfg.gc_freeze:
+                from latencylab.gcpause import frozen
+
+                stack.enter_context(frozen())
+                state.metrics.gc_frozen.set(gc.get_freeze_count())
+                log.info("froze %d objects left by start-up and warm-up (gc.freeze)", gc.get_freeze_count())
+            state.ready = True
+            try:
+                yield
+            finally:
+                state.ready = False
+                for svc in state.services.values():
+                    await svc.stop()
 
     return build_app(state, lifespan)
 

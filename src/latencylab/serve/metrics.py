@@ -63,6 +63,18 @@ class ServerMetrics:
         self.errors = Counter(
             "latencylab_server_errors", "Requests answered with an error, by kind.", ["model", "kind"], registry=r
         )
+        self.gc_pause = Histogram(
+            "latencylab_server_gc_pause_seconds",
+            "How long each garbage collection held the server process (every thread stops), by generation.",
+            ["generation"],
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+            registry=r,
+        )
+        self.gc_frozen = Gauge(
+            "latencylab_server_gc_frozen_objects",
+            "Objects frozen (gc.freeze) once the server was warm: full collections skip them.",
+            registry=r,
+        )
         self.misses = Counter(
             "latencylab_server_deadline_misses",
             "Admitted requests answered 504, by where each was when its deadline was missed: preprocess, queued, "
