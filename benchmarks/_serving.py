@@ -73,9 +73,13 @@ def toml_value(v: Any) -> str:
     raise TypeError(f"cannot write {v!r} as TOML")
 
 
-def write_serve_config(path: Path, model: dict[str, Any], guard: dict[str, Any] | None = None) -> Path:
-    """A one-model ``latencylab serve`` config (TOML): ``[server]`` on loopback, ``[[models]]``, ``[models.guard]``."""
-    lines = ["[server]", f'host = "{HOST}"', "", "[[models]]"]
+def write_serve_config(
+    path: Path, model: dict[str, Any], guard: dict[str, Any] | None = None, server: dict[str, Any] | None = None
+) -> Path:
+    """A one-model ``latencylab serve`` config (TOML): ``[server]`` on loopback (+ ``server``), ``[[models]]``,
+    ``[models.guard]``."""
+    lines = ["[server]", f'host = "{HOST}"'] + [f"{k} = {toml_value(v)}" for k, v in (server or {}).items()]
+    lines += ["", "[[models]]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in model.items()]
     if guard:
         lines += ["[models.guard]"] + [f"{k} = {toml_value(v)}" for k, v in guard.items()]

@@ -330,6 +330,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of both servers")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the generator to CPUs")
     ap.add_argument("--skip-naive", action="store_true")
+    ap.add_argument("--no-gc-freeze", action="store_true", help="serve with gc_freeze = false (for comparison)")
     ap.add_argument(
         "--busy-retries", type=int, default=6,
         help="rerun a capacity chunk the generator invalidated or other processes disturbed (more than "
@@ -403,6 +404,7 @@ def one_run(
                 "default_deadline_ms": args.deadline_ms or slo_ms,
                 "max_batch_size": args.max_batch_size,
             },
+            server={"gc_freeze": not args.no_gc_freeze},
         )
         argv = [PY, "-m", "latencylab", "serve", "--config", str(cfg), "--port", str(free_port())]
         argv += ["--threads", str(args.threads)]
@@ -451,6 +453,17 @@ def one_run(
                 if m["server_misses_by_where"]:
                     where = ", ".join(f"{k} {v}" for k, v in m["server_misses_by_where"].items())
                     print(f"  {label}: the server's 504s by where the request was at its deadline: {where}")
+                # the server's garbage collections (every thread stops for one): count and total by generation
+                gcn = by_label(d, "latencylab_server_gc_pause_seconds_count", "generation")
+                gcs = by_label(d, "latencylab_server_gc_pause_seconds_sum", "generation")
+                m["server_gc"] = {
+                    g: {"n": int(gcn[g]), "total_ms": 1e3 * gcs.get(g, 0.0)} for g in sorted(gcn) if gcn[g]
+                }
+                if m["server_gc"]:
+                    gc_line = ", ".join(
+                        f"gen {g}: {v['n']} ({v['total_ms']:.0f} ms)" for g, v in m["server_gc"].items()
+                    )
+                    print(f"  {label}: the server's garbage collections: {gc_line}")
                 bs_sum = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_sum")
                 bs_n = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_count")
                 m["server_mean_batch_size"] = bs_sum / bs_n if bs_n else None
