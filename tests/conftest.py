@@ -24,11 +24,13 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
 import pytest
 
 import serial_lock
+import xdist_order
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -93,8 +95,6 @@ SERIAL: dict[str, str] = {
     "test_noise.py": "measures the machine's own noise",
     "test_load_pacing.py": "times the load generator's pacing",
     "test_load_capacity_reference.py": "capacity against the M/D/1 truth",
-    "test_scaleout_ray.py": "local Ray clusters (CPU resources counted, one cluster at a time)",
-    "test_scaleout_serve.py": "local Ray clusters and Ray Serve (one cluster at a time), a replica killed under load",
     "test_diagnose_gen.py::test_one_stream_at_a_time_stalls_on_the_reference_server": "a stall it must see",
     "test_genserve_http.py::test_a_client_that_disconnects_frees_its_slot_within_a_step": "within one step",
     "test_genserve_http.py::test_a_slow_reader_does_not_hold_up_the_batch": "token timing of the others",
@@ -114,7 +114,6 @@ SERIAL: dict[str, str] = {
     "test_budget.py::test_cli_profile_exit_code_follows_the_budget": "a latency budget on real runs",
     "test_serve_app.py::test_hung_model_gives_deadline_errors_not_a_hung_server": "deadlines in real time",
     "test_serve_app.py::test_ladder_steps_down_to_lighter_then_cache_and_back_up": "the guard on real latencies",
-    "test_serve_process.py::test_real_prometheus_computes_p99_with_histogram_quantile": "p99 of a real run",
     "test_serve_process.py::test_overload_with_request_start_every_request_has_one_outcome": "overload in real time",
     # beside the serial part at idle CPU priority (scripts/run-tests.sh) these starved: a client's mean 905 ms over
     # the server's, a capacity search whose every step the generator fell behind
@@ -154,6 +153,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.quiet)
         if _named(SERIAL, item) or _named(QUIET, item) or "machine_noise" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.serial)
+    # part 2 of scripts/run-tests.sh: every serial test must be in a file part 1 collected (tests/serial_files.py)
+    part1 = os.environ.get("LATENCYLAB_PART1_FILES")
+    if part1 is not None:
+        listed = set(part1.split())
+        missed = [i.nodeid for i in items if i.get_closest_marker("serial") and i.nodeid.split("::")[0] not in listed]
+        if missed:
+            raise pytest.UsageError(f"serial tests in files part 1 did not collect (tests/serial_files.py): {missed}")
     # the quiet ones last (a stable sort): in one part with the other serial tests (scripts/run-tests.sh without
     # overlap), after minutes of light serial work; run first, right after the set-up's installs, their canary saw
     # the machine's speed move 50-60% and they skipped in two clean-clone CI runs (docs/benchmarks/tests.md)
@@ -163,6 +169,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             module, _, name = key.partition("::")
             if name and module in seen and not hasattr(seen[module], name):
                 warnings.warn(f"tests/conftest.py {label} names {key!r}: {module} defines no {name}", stacklevel=1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile``: the longest files first, the Ray modules on one worker (tests/xdist_order.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return xdist_order.make_scheduler(config, log)
+
+
+_RECORDER = (
+    xdist_order.DurationRecorder(Path(os.environ["LATENCYLAB_RECORD_DURATIONS"]))
+    if os.environ.get("LATENCYLAB_RECORD_DURATIONS")
+    else None
+)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With LATENCYLAB_RECORD_DURATIONS=<path>: each file's seconds, for xdist_order's table."""
+    if _RECORDER is not None and not os.environ.get("PYTEST_XDIST_WORKER"):
+        _RECORDER.add(report.nodeid, report.duration)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _RECORDER is not None and not os.environ.get("PYTEST_XDIST_WORKER") and _RECORDER.seconds:
+        _RECORDER.write()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -126,8 +126,9 @@ def test_load_reconciles_against_a_server_that_has_served_nothing_yet(tmp_path: 
 def test_real_prometheus_computes_p99_with_histogram_quantile(tmp_path: Path) -> None:
     """A real Prometheus scrapes a real server process's /metrics while latencylab's load CLI drives it; its
     histogram_quantile over the request-stage buckets lands next to the client's p99. The model is the fake one
-    (a 15-ms forward, ``fake_variants:make``): what is tested is the exposition and Prometheus reading it, and a
-    vision server would add ~12 s of start-up to the serial part of the suite."""
+    (a 15-ms forward, ``fake_variants:make``): what is tested is the exposition and Prometheus reading it. Not
+    serial: both bounds hold on a busy machine (every request sleeps 15 ms in the server, and the client's p99
+    includes the server's, so histogram_quantile's at most ~1.41x interpolation stays under 1.5x the client's)."""
     prom = shutil.which("prometheus")
     if prom is None:
         if os.environ.get("CI"):
