@@ -93,7 +93,7 @@ from latencylab.load.capacity import Capacity, SearchConfig, Segment, search_cap
 from latencylab.load.generator import LoadConfig, Payload, Records
 from latencylab.load.mix import Stratified
 from latencylab.load.payloads import infer_path, text_payloads, vision_payloads
-from latencylab.load.reconcile import scrape
+from latencylab.load.reconcile import scrape, server_stage_means
 from latencylab.load.results import LoadResult, Slo
 from latencylab.load.runner import load_test
 
@@ -130,6 +130,37 @@ def run_once(
     if _MIX["mix"] == "stratified":  # cost = body size (text: passage length, which sets its tokens)
         arrivals = Stratified.of(arrivals, [len(p.body) for p in payloads], strata=20, seed=seed)
     return load_test(url, path, payloads, arrivals, cfg, slo, seed=seed, abort_when=abort_when, env=env)
+
+
+# The host's speed, read on the model itself: a light Poisson load (almost every batch of one), the same arrivals
+# and payloads every run, before the capacity search and after the overload runs. Its figure is the server's mean
+# preprocess + compute time per request; capacity x that figure is the capacity in units of the model's own
+# light-load service rate, which does not move when the host's speed does (docs/benchmarks/serve.md).
+PROBE = {"vision": (10.0, 10.0), "text": (3.0, 15.0)}  # rate/s, seconds
+
+
+def speed_probe(url: str, path: str, payloads: list[Payload], model: str, slo: Slo) -> dict[str, Any]:
+    """The server's mean preprocess + compute ms per request at a light load (``PROBE``), its mean batch size."""
+    rate, seconds = PROBE[model]
+    before = scrape(url) or {}
+    res, _ = run_once(url, path, payloads, rate, seconds, 30.0, slo, 4242, {})
+    after = scrape(url) or {}
+    stages = server_stage_means(before, after)
+    d = delta(after, before)
+    bs_sum = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_sum")
+    bs_n = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_count")
+    pre, comp = stages.get("preprocess", {}).get("mean_ms"), stages.get("compute", {}).get("mean_ms")
+    return {
+        "rate": rate, "seconds": seconds, "ok": res.summary["ok"],
+        "service_ms": None if pre is None or comp is None else pre + comp,
+        "preprocess_ms": pre, "compute_ms": comp, "mean_batch_size": bs_sum / bs_n if bs_n else None,
+    }  # fmt: skip
+
+
+def probe_line(p: dict[str, Any]) -> str:
+    return (f"speed probe ({p['rate']:g}/s for {p['seconds']:g} s, {p['ok']} ok): preprocess + compute "
+            f"{fmt(p['service_ms'], '.2f')} ms a request (compute {fmt(p['compute_ms'], '.2f')} ms, mean batch "
+            f"{fmt(p['mean_batch_size'], '.2f')})")  # fmt: skip
 
 
 def capacity_search(
@@ -341,10 +372,17 @@ def main() -> int:
         help="offer the naive server latencylab's overload rate even when its own ceiling (1 / CPU per request, "
         "from a 5-s probe) is higher (default: factor x the larger of the two)",
     )  # fmt: skip
+    ap.add_argument(
+        "--combine", nargs="+", metavar="JSON",
+        help="run nothing: the verdict and the spreads over the runs of these --json outputs (e.g. three --runs 1 "
+        "invocations run at different times)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    if args.combine:
+        return combine(args.combine)
     faulthandler.register(signal.SIGUSR1)  # kill -USR1 PID prints every thread's stack (a stuck run)
     if args.quick:
         args.duration = 30.0
@@ -387,6 +425,20 @@ def main() -> int:
     return 0 if out["all_passed"] else 1
 
 
+def combine(paths: list[str]) -> int:
+    """The report over the runs of several ``--json`` outputs of one model and SLO."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    if len({(d["model"], d["slo_ms"]) for d in docs}) != 1:
+        print("serve_overload: --combine: the files are of different models or SLOs", file=sys.stderr)
+        return 2
+    runs = [r for d in docs for r in d["runs"]]
+    print(f"serve_overload: {len(runs)} runs of model {docs[0]['model']} (SLO p99 <= {docs[0]['slo_ms']:g} ms) from "
+          f"{', '.join(paths)}")  # fmt: skip
+    out: dict[str, Any] = {}
+    report(out, runs, docs[0]["slo_ms"])
+    return 0 if out["all_passed"] else 1
+
+
 def one_run(
     args: argparse.Namespace, slo: Slo, payloads: list[Payload], path: str, pin: set[int] | None, seed: int
 ) -> dict[str, Any]:
@@ -411,6 +463,8 @@ def one_run(
         log = Path(tmp) / "latencylab-serve.log"
         with server_process(argv, log, pin) as srv:
             url = srv.url
+            out["probe_before"] = speed_probe(url, path, payloads, args.model, slo)
+            print(f"  before: {probe_line(out['probe_before'])}")
             if args.capacity:
                 cap_rate, cap_goodput = args.capacity, args.capacity
                 out["capacity"] = {"given": args.capacity, "capacity_rate": args.capacity, "goodput": args.capacity}
@@ -494,6 +548,9 @@ def one_run(
                 print(f"overload: Poisson {f * cap_rate:.1f}/s ({f:g} x {cap_rate:.1f}) for {args.duration:g} s")
                 extra.append({"factor": f, **measure(f"latencylab @ {f:g}x", f * cap_rate, args.duration)})
             out["latencylab_also"] = extra
+            time.sleep(args.cooldown)
+            out["probe_after"] = speed_probe(url, path, payloads, args.model, slo)
+            print(f"  after: {probe_line(out['probe_after'])}")
         out["latencylab_log_tail"] = log.read_text(encoding="utf-8", errors="replace")[-2000:]
 
         nv: dict[str, Any] | None = None
@@ -578,6 +635,12 @@ def _overload_checks(m: dict[str, Any], factor: float, slo_ms: float, cap_goodpu
     ]  # fmt: skip
 
 
+def probe_ms(run: dict[str, Any]) -> float | None:
+    """A run's speed probe: the mean of its before and after readings (either alone where one is missing)."""
+    vals = [p["service_ms"] for k in ("probe_before", "probe_after") if (p := run.get(k)) and p.get("service_ms")]
+    return sum(vals) / len(vals) if vals else None
+
+
 def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> None:
     """Every run in one table, then the spread over runs and the verdict."""
     rows = []
@@ -621,6 +684,19 @@ def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> No
         out["capacity_spread"] = {"median": med, "min": min(caps), "max": max(caps), "spread": spread}
         print(f"\ncapacity over {len(caps)} runs: median {med:.1f}/s, min-max {min(caps):.1f}-{max(caps):.1f}/s, "
               f"spread +/-{spread:.1%}")  # fmt: skip
+    # the capacity in units of the model's light-load service rate (speed_probe): what stays when the host's speed moves
+    norm = [(float(r["capacity"]["capacity_rate"]), ms) for r in runs
+            if r.get("capacity", {}).get("capacity_rate") and (ms := probe_ms(r)) is not None]  # fmt: skip
+    if norm:
+        units = [c * ms / 1e3 for c, ms in norm]
+        med_u = statistics.median(units)
+        spread_u = max(abs(u - med_u) for u in units) / med_u
+        probes = [ms for _, ms in norm]
+        out["normalised_capacity_spread"] = {"median": med_u, "min": min(units), "max": max(units),
+                                             "spread": spread_u, "probe_ms": probes}  # fmt: skip
+        print(f"speed probe (preprocess + compute ms a request at a light load) per run: "
+              f"{', '.join(f'{ms:.2f}' for ms in probes)}; capacity x probe: "
+              f"{', '.join(f'{u:.3f}' for u in units)}, spread +/-{spread_u:.1%}")  # fmt: skip
     done = [r for r in runs if r.get("latencylab")]
     if done:
         p99 = [v for r in done if (v := _adm(r["latencylab"])) is not None]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,31 @@ def test_one_failing_run_or_a_wide_spread_fails_the_benchmark(capsys: pytest.Cap
     so.report(out, [_run(150, [29, 28], 150), _run(200, [29, 29], 190), _run(240, [29, 28], 230)], 30.0)
     text = capsys.readouterr().out
     assert not out["all_passed"] and "FAIL  capacities agree within +/-10% (+/-25.0%)" in text
+
+
+def test_the_capacity_in_units_of_the_speed_probe_absorbs_a_host_that_moved(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Capacities 150, 200, 240/s (+/-25%) on a host whose light-load service time moved 4.0 -> 3.0 -> 2.5 ms:
+    capacity x probe is 0.6 in every run (spread 0); a run without its after-probe uses its before-probe."""
+    runs = [_run(150, [29, 28], 150), _run(200, [29, 29], 190), _run(240, [29, 28], 230)]
+    for r, (b, a) in zip(runs, [(3.9, 4.1), (3.0, None), (2.4, 2.6)], strict=True):
+        r["probe_before"] = {"service_ms": b}
+        if a is not None:
+            r["probe_after"] = {"service_ms": a}
+    out: dict[str, Any] = {}
+    so.report(out, runs, 30.0)
+    text = capsys.readouterr().out
+    assert "capacity x probe: 0.600, 0.600, 0.600, spread +/-0.0%" in text
+    assert out["normalised_capacity_spread"]["probe_ms"] == pytest.approx([4.0, 3.0, 2.5])
+    assert "FAIL  capacities agree within +/-10% (+/-25.0%)" in text  # the raw verdict is not softened
+    # --combine: the same report over runs saved by separate invocations
+    for i, r in enumerate(runs):
+        (tmp_path / f"{i}.json").write_text(json.dumps({"model": "vision", "slo_ms": 30.0, "runs": [r]}))
+    assert so.combine([str(tmp_path / f"{i}.json") for i in range(3)]) == 1
+    assert "capacity x probe: 0.600, 0.600, 0.600" in capsys.readouterr().out
+    (tmp_path / "t.json").write_text(json.dumps({"model": "text", "slo_ms": 300.0, "runs": [runs[0]]}))
+    assert so.combine([str(tmp_path / "0.json"), str(tmp_path / "t.json")]) == 2
 
 
 def test_an_extra_overload_factor_is_judged_and_reported(capsys: pytest.CaptureFixture[str]) -> None:
