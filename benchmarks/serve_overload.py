@@ -147,14 +147,19 @@ def speed_probe(url: str, path: str, payloads: list[Payload], model: str, slo: S
     after = scrape(url) or {}
     stages = server_stage_means(before, after)
     d = delta(after, before)
-    bs_sum = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_sum")
-    bs_n = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_count")
     pre, comp = stages.get("preprocess", {}).get("mean_ms"), stages.get("compute", {}).get("mean_ms")
     return {
         "rate": rate, "seconds": seconds, "ok": res.summary["ok"],
         "service_ms": None if pre is None or comp is None else pre + comp,
-        "preprocess_ms": pre, "compute_ms": comp, "mean_batch_size": bs_sum / bs_n if bs_n else None,
+        "preprocess_ms": pre, "compute_ms": comp, "mean_batch_size": mean_batch_size(d),
     }  # fmt: skip
+
+
+def mean_batch_size(d: dict[tuple[str, str], float]) -> float | None:
+    """The server's mean batch size over a scrape delta, or None when it ran no batch."""
+    total = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_sum")
+    n_batches = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_count")
+    return total / n_batches if n_batches else None
 
 
 def probe_line(p: dict[str, Any]) -> str:
@@ -518,9 +523,7 @@ def one_run(
                         f"gen {g}: {v['n']} ({v['total_ms']:.0f} ms)" for g, v in m["server_gc"].items()
                     )
                     print(f"  {label}: the server's garbage collections: {gc_line}")
-                bs_sum = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_sum")
-                bs_n = sum(v for (n, _), v in d.items() if n == "latencylab_server_batch_size_count")
-                m["server_mean_batch_size"] = bs_sum / bs_n if bs_n else None
+                m["server_mean_batch_size"] = mean_batch_size(d)
                 m["server_stages_mean_ms"] = dict(res.server["server_stages_mean_ms"]) if res.server else None
                 # the server's own view of its tail, over the whole run (histograms scraped before and after):
                 # handler start -> response built, and the age on arrival at the handler (from X-Request-Start)
