@@ -646,3 +646,46 @@ def test_a_job_withdrawn_while_the_release_timer_runs_does_not_kill_the_batcher(
     out, alive = run(go())
     assert alive
     assert float(out.outputs[0].data[0]) == 7.0
+
+
+def test_stop_fails_a_batch_still_computing_and_its_late_answer_is_dropped() -> None:
+    # The compute thread hands its answers back with one call onto the loop (no task per batch): a batch still
+    # computing when the batcher stops is answered 503 (shutting down) at once, and when its forward ends after
+    # that, nothing is set twice and nothing raises.
+    async def go() -> tuple[BaseException | None, Any, int]:
+        _, v, clk = on_fake_clock()
+        b = Batcher(v, max_batch_size=4, max_delay_s=0.0, max_queue=100, **clk)
+        b.start()
+        fut = await busy_with(b, v, 7, b.now_ns() + ms(5000))
+        await b.stop()
+        err = fut.exception() if fut.done() else None
+        assert v.gate is not None
+        v.gate.set()  # the forward ends after the stop: its answer reaches a future already failed
+        for _ in range(50):
+            await asyncio.sleep(0.002)
+        return err, fut.done(), len(v.batches)
+
+    err, done, n = run(go())
+    assert done and isinstance(err, Shed) and err.reason == "shutting_down"
+    assert n == 1
+
+
+def test_a_batch_is_answered_without_a_task_of_its_own() -> None:
+    # Each task costs a pass of the event loop to start; a batch used to run in one (create_task + run_in_executor,
+    # whose result reached it two passes after the thread ended). Now the batch is handed to the compute thread
+    # directly: while it computes, no task exists besides the batcher's own loop and the test's.
+    async def go() -> tuple[int, float]:
+        _, v, clk = on_fake_clock()
+        b = Batcher(v, max_batch_size=4, max_delay_s=0.0, max_queue=100, **clk)
+        b.start()
+        fut = await busy_with(b, v, 3, b.now_ns() + ms(5000))
+        tasks = len(asyncio.all_tasks())  # this test's task and the batcher's loop
+        assert v.gate is not None
+        v.gate.set()
+        out = await fut
+        await b.stop()
+        return tasks, float(out.outputs[0].data[0])
+
+    tasks, value = run(go())
+    assert tasks == 2
+    assert value == 3.0

@@ -111,8 +111,12 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
             raise _ClientGone(f"client disconnected after {size} bytes of its body") from None
         return b"".join(chunks)
 
+    # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the read in a task of its own, and waking the
+    # handler from it costs two more passes of the event loop, each of which, under 4x overload, waits behind
+    # every refusal ready meanwhile (docs/benchmarks/serve.md, session 18: 3.4 ms at the median)
     try:
-        return await asyncio.wait_for(read(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await read()
     except TimeoutError:
         raise ProtocolError(f"request body not received within {timeout_s:g} s", 408) from None
 
@@ -204,13 +208,16 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
                 resp, params = await svc.infer(req, timing, pinned)
             else:
                 # A client that leaves cancels its request (service.py takes it out of the preprocess pool's
-                # backlog and the batcher's queue; only a batch already computing finishes).
-                work = asyncio.ensure_future(svc.infer(req, timing, pinned))
-                hook.add(work.cancel)
+                # backlog and the batcher's queue; only a batch already computing finishes): the handler's own
+                # task is cancelled (a task of its own for the inference cost a pass of the loop to start and
+                # another to wake the handler once it was done).
+                me = asyncio.current_task()
+                assert me is not None
+                hook.add(me.cancel)
                 try:
-                    resp, params = await work
+                    resp, params = await svc.infer(req, timing, pinned)
                 finally:
-                    hook.remove(work.cancel)
+                    hook.remove(me.cancel)
             payload, json_length = encode_infer_body(resp, req.outputs, output_format)
             svc.answered(timing, now_ns())
         except asyncio.CancelledError:

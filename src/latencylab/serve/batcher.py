@@ -131,7 +131,7 @@ class Batcher(Admission):
         )
         self._running: dict[int, tuple[int, float]] = {}  # batch id -> (start ns, predicted s)
         self._batch_ids = itertools.count()
-        self._batches: set[asyncio.Task[None]] = set()
+        self._batches: dict[int, list[Job]] = {}  # batch id -> its jobs, while a compute thread has them
         self._last_arrival: int | None = None
         self._gap_s = 1.0  # EWMA of the time between arrivals
         self._reserved = 0  # admitted, still preprocessing: ahead of any later admission
@@ -299,8 +299,11 @@ class Batcher(Admission):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for t in list(self._batches):
-            t.cancel()
+        for jobs in list(self._batches.values()):  # computing: their answers will not be delivered
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(Shed("shutting_down", 1.0))
+        self._batches.clear()
         for q in self._queues.values():
             for job in q:
                 if not job.future.done():
@@ -448,13 +451,15 @@ class Batcher(Admission):
                     await self._wake.wait()
                 else:  # every worker busy: look again when the next queued job would pass its point of no return
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), (no_return - now) / 1e9)
+                        async with asyncio.timeout((no_return - now) / 1e9):
+                            await self._wake.wait()
                 continue
             release_at, reason = self._release_at(now)
             if release_at > now:
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), (release_at - now) / 1e9)
+                try:  # asyncio.timeout: wait_for (Python 3.11) would wait in a task of its own, a pass more
+                    async with asyncio.timeout((release_at - now) / 1e9):
+                        await self._wake.wait()
                     continue  # something arrived or a worker freed: re-plan (the batch may now be full)
                 except TimeoutError:
                     pass
@@ -490,25 +495,50 @@ class Batcher(Admission):
             self._ran_ns[bucket] = released
             bid = next(self._batch_ids)
             self._running[bid] = (released, self.predict(bucket, len(live)))
-            task = asyncio.get_running_loop().create_task(self._run_batch(bid, live, reason, released, bucket, probe))
-            self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
+            self._start_batch(bid, live, reason, released, bucket, probe)
 
-    async def _run_batch(
-        self, bid: int, live: list[Job], reason: str, released: int, bucket: int = 0, probe: bool = False
-    ) -> None:
+    def _start_batch(self, bid: int, live: list[Job], reason: str, released: int, bucket: int, probe: bool) -> None:
+        """Hand the batch to a compute thread; the thread's completion calls :meth:`_finish_batch` on the loop.
+
+        No task and no ``run_in_executor``: a task costs a pass of the event loop to start, and an executor's
+        result reaches its awaiting task two passes after the thread ends (the future's state is copied on the
+        loop, then its waiter is scheduled). Under overload every pass waits behind every refusal ready
+        meanwhile (docs/benchmarks/serve.md, session 18), so the batch starts at once and its answers are set in
+        the first pass after the thread ends."""
+        loop = asyncio.get_running_loop()
+        self._batches[bid] = live
+
+        def ended(f: concurrent.futures.Future[Any]) -> None:  # on the compute thread (or here, if cancelled)
+            with contextlib.suppress(RuntimeError):  # the loop closed (shutdown): nobody waits for the answer
+                loop.call_soon_threadsafe(self._finish_batch, bid, live, reason, released, bucket, probe, f)
+
         try:
-            outs, fwd_s, post_s, t_start = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._compute, [j.item for j in live]
-            )
-        except Exception as exc:  # the model raised: fail this batch, keep serving
+            work = self._executor.submit(self._compute, [j.item for j in live])
+        except RuntimeError as exc:  # the executor shut down (stop())
+            work = concurrent.futures.Future()
+            work.set_exception(exc)
+        work.add_done_callback(ended)
+
+    def _finish_batch(
+        self,
+        bid: int,
+        live: list[Job],
+        reason: str,
+        released: int,
+        bucket: int,
+        probe: bool,
+        work: concurrent.futures.Future[tuple[list[tuple[Tensor, ...]], float, float, int]],
+    ) -> None:
+        self._running.pop(bid, None)
+        self._batches.pop(bid, None)
+        self._wake.set()  # a worker is free: the loop may release the next batch
+        try:
+            outs, fwd_s, post_s, t_start = work.result()
+        except BaseException as exc:  # the model raised (or the batch was cancelled): fail it, keep serving
             for job in live:
                 if not job.future.done():
                     job.future.set_exception(ModelFailure(f"{type(exc).__name__}: {exc}"))
             return
-        finally:
-            self._running.pop(bid, None)
-            self._wake.set()  # a worker is free: the loop may release the next batch
         if probe:  # ran against its prediction: what it measured replaces that prediction
             self._model(bucket).remeasure(len(live), fwd_s + post_s)
         else:
