@@ -11,9 +11,9 @@ requests (answered 200), from the generator's intended send time to the response
     age        intended send -> handler start (X-Request-Start; the socket and the loop before the handler)
     read       handler start -> body read
     decode     body read -> decoded
-    to_pool    decoded -> a preprocess thread starts it
-    preprocess its preprocessing, on that thread
-    to_loop    preprocess done -> back on the event loop
+    to_pool    decoded -> a preprocess thread starts it (``--in-batch``: 0, it is preprocessed in its batch)
+    preprocess its preprocessing, on that thread (``--in-batch``: 0 here, counted in compute)
+    to_loop    preprocess done -> back on the event loop (``--in-batch``: 0)
     queue, batch, compute, post: the batcher's own stages (queued, release -> compute start, forward, postprocess)
     to_handler batch done -> the handler resumes
     respond    handler resumes -> response built
@@ -82,7 +82,7 @@ PATCHES = [
         '            with open(_o.environ["LL_HANDOFF_TRACE"], "a") as _f:\n'
         "                _f.write(_j.dumps([timing.start, timing.age_ns, m.get('body', 0), timing.parsed,\n"
         "                    m.get('pool0', 0), m.get('pool1', 0), timing.preprocessed, o.queue_s, o.batch_s,\n"
-        "                    o.compute_s, o.postprocess_s, m.get('resume', 0), end]) + '\\n')\n",
+        "                    o.compute_s, o.postprocess_s, m.get('resume', 0), end, o.preprocess_s]) + '\\n')\n",
     ),
 ]
 SEGMENTS = (
@@ -115,7 +115,11 @@ def patched_copy(dest: Path) -> Path:
 
 def segments(rows: list[list[float]]) -> dict[str, np.ndarray]:
     r = np.array(rows, dtype=float)
-    st, age, body, parsed, p0, p1, pre, q, bt, c, pp, resume, end = r.T
+    st, age, body, parsed, p0, p1, pre, q, bt, c, pp, resume, end, in_batch = r.T
+    # preprocessed in its batch (preprocess_in_batch): no pool marks; its preprocessing is on the compute thread
+    p0 = np.where(p0 == 0, pre, p0)
+    p1 = np.where(p1 == 0, pre + in_batch * 1e9, p1)
+    pre = np.where(in_batch > 0, p1, pre)
     ms = 1e-6
     return {
         "age": age * ms,
@@ -128,7 +132,7 @@ def segments(rows: list[list[float]]) -> dict[str, np.ndarray]:
         "batch": bt * 1e3,
         "compute": c * 1e3,
         "post": pp * 1e3,
-        "to_handler": (resume - pre) * ms - (q + bt + c + pp) * 1e3,
+        "to_handler": (resume - pre) * ms - (q + bt + c + pp) * 1e3,  # in a batch: its preprocessing is moved
         "respond": (end - resume) * ms,
         "total": (end - st + age) * ms,
     }
@@ -139,6 +143,7 @@ def main() -> int:
     ap.add_argument("--rates", type=float, nargs="+", default=[100.0, 480.0, 1920.0])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--in-batch", action="store_true", help="serve with preprocess_in_batch (no preprocess pool)")
     args = ap.parse_args()
     os.sched_setaffinity(0, {0})
     payloads, path, slo = vision_payloads(), infer_path("vision"), Slo(0.99, 30e6)
@@ -149,7 +154,8 @@ def main() -> int:
         os.environ["LL_HANDOFF_TRACE"] = str(trace)
         os.environ["PYTHONPATH"] = str(src)  # the server child imports the patched copy
         model = {"name": "vision", "ladder": ["fp32"], "slo_ms": 30.0, "default_deadline_ms": 30.0}
-        cfg = write_serve_config(Path(tmp) / "serve.toml", {**model, "max_batch_size": 8}, server={"gc_freeze": True})
+        model = {**model, "max_batch_size": 8, "preprocess_in_batch": args.in_batch}
+        cfg = write_serve_config(Path(tmp) / "serve.toml", model, server={"gc_freeze": True})
         argv = [PY, "-m", "latencylab", "serve", "--config", str(cfg), "--port", str(free_port()), "--threads", "1"]
         with server_process(argv, Path(tmp) / "serve.log", {1}) as srv:
             run_once(srv.url, path, payloads, 100.0, 3.0, 30.0, slo, 1, {})  # warm-up

@@ -366,6 +366,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of both servers")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the generator to CPUs")
     ap.add_argument("--skip-naive", action="store_true")
+    ap.add_argument(
+        "--preprocess-pool", action="store_true",
+        help="vision: preprocess in the server's preprocess pool (until session 18) instead of in the batch",
+    )  # fmt: skip
     ap.add_argument("--no-gc-freeze", action="store_true", help="serve with gc_freeze = false (for comparison)")
     ap.add_argument(
         "--busy-retries", type=int, default=6,
@@ -460,6 +464,9 @@ def one_run(
                 "slo_ms": slo_ms,
                 "default_deadline_ms": args.deadline_ms or slo_ms,
                 "max_batch_size": args.max_batch_size,
+                # vision: preprocess in the batch, on the compute thread (no pool hand-offs; one core overlaps
+                # nothing); text cannot (its cost bucket is known only once preprocessed)
+                "preprocess_in_batch": args.model == "vision" and not args.preprocess_pool,
             },
             server={"gc_freeze": not args.no_gc_freeze},
         )

@@ -48,10 +48,23 @@ def test_segments_split_a_request_into_its_hand_offs() -> None:
         0.0001,
         6.0 * ms,
         6.2 * ms,
+        0.0,  # preprocessed in its batch: no
     ]
     seg = {k: float(v[0]) for k, v in ht.segments([row]).items()}
     want = {"age": 1.0, "read": 0.1, "decode": 0.1, "to_pool": 0.3, "preprocess": 1.0, "to_loop": 0.5, "queue": 1.0,
             "batch": 0.5, "compute": 2.0, "post": 0.1, "to_handler": 0.4, "respond": 0.2, "total": 7.2}  # fmt: skip
     assert seg == pytest.approx(want)
     assert set(seg) == set(ht.SEGMENTS)
+    assert np.isclose(sum(seg[k] for k in ht.SEGMENTS if k != "total"), seg["total"])
+
+
+def test_segments_of_a_request_preprocessed_in_its_batch() -> None:
+    # no pool marks; 1 ms of preprocessing on the compute thread inside its batch: it is reported as preprocess
+    # (not as a wait for the handler), and the segments still add up to the total
+    ms = 1_000_000
+    marks = [0, 0, 0.1 * ms, 0.2 * ms, 0, 0, 0.2 * ms]
+    row = [*marks, 0.001, 0.0005, 0.002, 0.0001, 5.0 * ms, 5.1 * ms, 0.001]
+    seg = {k: float(v[0]) for k, v in ht.segments([row]).items()}
+    assert seg["to_pool"] == 0.0 and seg["preprocess"] == pytest.approx(1.0) and seg["to_loop"] == 0.0
+    assert seg["to_handler"] == pytest.approx(5.0 - 0.2 - 1.0 - 3.6)
     assert np.isclose(sum(seg[k] for k in ht.SEGMENTS if k != "total"), seg["total"])

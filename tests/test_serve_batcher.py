@@ -689,3 +689,30 @@ def test_a_batch_is_answered_without_a_task_of_its_own() -> None:
     tasks, value = run(go())
     assert tasks == 2
     assert value == 3.0
+
+
+def test_items_preprocessed_in_their_batch_count_in_its_cost() -> None:
+    # preprocess_in_batch: the compute thread preprocesses each InBatch item before the forward; each outcome says
+    # its own preprocessing apart from the forward, and the latency model learns the whole time the batch held
+    # the compute thread (admission predicts with it; there is no preprocess lead any more).
+    from latencylab.serve.batcher import InBatch
+
+    async def go() -> tuple[list[Any], float]:
+        clock, v, clk = on_fake_clock()
+        b = Batcher(v, max_batch_size=2, max_delay_s=0.05, max_queue=100, **clk)
+        b.start()
+
+        def pre(x: int) -> int:
+            clock.advance(3e6)  # 3 ms of preprocessing each
+            return x
+
+        far = b.now_ns() + ms(5000)
+        outs = await asyncio.gather(*(b.submit(InBatch(pre, i), far) for i in (5, 6)))
+        await b.stop()
+        return outs, b.model.predict(2)
+
+    outs, predicted = run(go())
+    assert [float(o.outputs[0].data[0]) for o in outs] == [5.0, 6.0]
+    assert all(o.preprocess_s == pytest.approx(0.003) for o in outs)
+    assert all(o.compute_s == pytest.approx(0.006) for o in outs)  # base 4 ms + 2 x 1 ms: the forward alone
+    assert predicted == pytest.approx(0.006 + 0.006)  # forward + both preprocessings

@@ -444,3 +444,60 @@ def test_a_stale_over_estimate_is_probed_and_clears(bucketed: bool) -> None:
     assert 9 <= first <= 12, codes  # ... a probe goes in ~1 s later ...
     assert codes[first:] == [200] * (30 - first), codes  # ... and clears it
     assert batcher.predict(bucket, 1) == pytest.approx(0.17, rel=0.05)
+
+
+class ThreadNoting(FakeVariant):
+    """Notes the thread each preprocess ran on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pre_threads: list[str] = []
+
+    def preprocess(self, request: InferRequest) -> Any:
+        self.pre_threads.append(threading.current_thread().name)
+        return super().preprocess(request)
+
+
+def test_preprocess_in_batch_runs_on_the_compute_thread_and_a_bad_input_fails_alone() -> None:
+    """With ``preprocess_in_batch`` a request is preprocessed on the compute thread, in its batch (no preprocess
+    pool hand-off); one whose preprocessing finds bad input is answered 400 and the rest of its batch is answered
+    as usual, from a forward over the good items only."""
+    variant = ThreadNoting("fp32", 0.001)
+    model = ModelConfig(
+        name="fake", ladder=("fp32",), factory="fake_variants:make", max_batch_size=4, preprocess_in_batch=True
+    )
+    svc = build_state(ServerConfig(models=(model,)), {"fake": [variant]}).services["fake"]
+    good = parse_infer_request(json.dumps(BODY).encode(), "fake", None, svc.inputs)
+    empty = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [0, 4], "data": []}]}
+    bad = parse_infer_request(json.dumps(empty).encode(), "fake", None, svc.inputs)
+
+    async def go() -> list[Any]:
+        await svc.start()
+        try:
+            variant.batch_sizes.clear()
+            variant.pre_threads.clear()
+            calls = [svc.infer(r, Timing(time.perf_counter_ns())) for r in (good, bad, good)]
+            return await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            await svc.stop()
+
+    a, b, c = asyncio.run(go())
+    assert isinstance(b, ServiceError) and b.status == 400 and "at least one row" in str(b)
+    for ok in (a, c):
+        resp, _ = ok
+        assert resp.outputs[0].data.tolist() == [[2.0, 4.0, 6.0, 8.0]]  # the fake variant doubles
+    assert sum(variant.batch_sizes) == 2  # the bad one never reached the forward
+    assert variant.pre_threads and all(t.startswith("compute-") for t in variant.pre_threads)
+    assert svc.preprocess_lead_ns() == 0  # the batch's predicted cost includes preprocessing
+    assert svc.batchers[0]._reserved == 0 and svc.preprocessing == 0 and svc.in_flight == 0
+
+
+def test_preprocess_in_batch_is_refused_for_variants_with_cost_buckets() -> None:
+    from fake_variants import BucketedFakeVariant
+    from latencylab.errors import LatencyLabError
+
+    model = ModelConfig(
+        name="fake", ladder=("fp32",), factory="fake_variants:make", max_batch_size=4, preprocess_in_batch=True
+    )
+    with pytest.raises(LatencyLabError, match="preprocess_in_batch needs variants without cost buckets"):
+        build_state(ServerConfig(models=(model,)), {"fake": [BucketedFakeVariant("fp32", {16: 0.001, 256: 0.002})]})

@@ -250,7 +250,7 @@ def build_app(state: ServerState, lifespan: Any = None) -> Starlette:
         stages: list[tuple[str, float]] = [("request", (end - start) / 1e9)]
         if o is not None:
             stages += [
-                ("preprocess", (timing.preprocessed - timing.parsed) / 1e9),
+                ("preprocess", (timing.preprocessed - timing.parsed) / 1e9 + o.preprocess_s),
                 ("queue", o.queue_s),
                 ("batch", o.batch_s),
                 ("compute", o.compute_s),

@@ -91,6 +91,7 @@ class BatchOutcome:
     batch_s: float  # release -> compute start (handing over to the compute thread)
     compute_s: float  # forward
     postprocess_s: float
+    preprocess_s: float = 0.0  # its own preprocessing on the compute thread (an InBatch item), else 0
 
 
 class Batcher(Admission):
@@ -402,12 +403,39 @@ class Batcher(Admission):
         return not fits_now or now + int(self.predict(bucket, len(jobs) + 1) * 1e9) + slack <= aim
 
     def _compute(self, items: list[Any]) -> tuple[list[tuple[Tensor, ...]], float, float, int]:
+        outs, fwd_s, post_s, t_start, _ = self._compute_batch(items)
+        return [o for o in outs if not isinstance(o, BaseException)], fwd_s, post_s, t_start
+
+    def _compute_batch(self, items: list[Any]) -> _Computed:
+        """On the compute thread: preprocess the InBatch items (one that raises is answered with its exception,
+        the rest go on), forward, postprocess. The answers (or exceptions) are in the items' order; the times are
+        the forward's and the postprocessing's, with each item's own preprocessing."""
         t_start = self.now_ns()
-        raw = self.variant.forward(items)
+        pre = [0.0] * len(items)
+        failed: dict[int, BaseException] = {}
+        ready = items
+        if any(isinstance(it, InBatch) for it in items):
+            ready = []
+            for i, it in enumerate(items):
+                if isinstance(it, InBatch):
+                    t0 = self.now_ns()
+                    try:
+                        it = it.run()
+                    except Exception as exc:  # bad input found in preprocessing: this request's 4xx only
+                        failed[i] = exc
+                        continue
+                    finally:
+                        pre[i] = (self.now_ns() - t0) / 1e9
+                ready.append(it)
+        t_fwd0 = self.now_ns()
+        raw = self.variant.forward(ready) if ready else None
         t_fwd = self.now_ns()
-        outs = self.variant.postprocess(raw, len(items))
+        answers = iter(self.variant.postprocess(raw, len(ready)) if ready else [])
         t_end = self.now_ns()
-        return outs, (t_fwd - t_start) / 1e9, (t_end - t_fwd) / 1e9, t_start
+        outs: list[tuple[Tensor, ...] | BaseException] = [
+            failed[i] if i in failed else next(answers) for i in range(len(items))
+        ]
+        return outs, (t_fwd - t_fwd0) / 1e9, (t_end - t_fwd) / 1e9, t_start, pre
 
     def _no_return_ns(self, bucket: int, job: Job, now: int) -> int:
         """The last instant ``job`` could start, alone, and still finish by its deadline: its deadline less its
@@ -513,7 +541,7 @@ class Batcher(Admission):
                 loop.call_soon_threadsafe(self._finish_batch, bid, live, reason, released, bucket, probe, f)
 
         try:
-            work = self._executor.submit(self._compute, [j.item for j in live])
+            work = self._executor.submit(self._compute_batch, [j.item for j in live])
         except RuntimeError as exc:  # the executor shut down (stop())
             work = concurrent.futures.Future()
             work.set_exception(exc)
@@ -527,37 +555,60 @@ class Batcher(Admission):
         released: int,
         bucket: int,
         probe: bool,
-        work: concurrent.futures.Future[tuple[list[tuple[Tensor, ...]], float, float, int]],
+        work: concurrent.futures.Future[_Computed],
     ) -> None:
         self._running.pop(bid, None)
         self._batches.pop(bid, None)
         self._wake.set()  # a worker is free: the loop may release the next batch
         try:
-            outs, fwd_s, post_s, t_start = work.result()
+            outs, fwd_s, post_s, t_start, pre = work.result()
         except BaseException as exc:  # the model raised (or the batch was cancelled): fail it, keep serving
             for job in live:
                 if not job.future.done():
                     job.future.set_exception(ModelFailure(f"{type(exc).__name__}: {exc}"))
             return
+        cost = fwd_s + post_s + sum(pre)  # what the batch held the compute thread for: what admission plans with
         if probe:  # ran against its prediction: what it measured replaces that prediction
-            self._model(bucket).remeasure(len(live), fwd_s + post_s)
+            self._model(bucket).remeasure(len(live), cost)
         else:
-            self._model(bucket).observe(len(live), fwd_s + post_s)
+            self._model(bucket).observe(len(live), cost)
         if self._on_batch is not None:
             self._on_batch(self.variant.name, len(live), reason)
-        for job, out in zip(live, outs, strict=True):
-            if not job.future.done():
-                job.future.set_result(
-                    BatchOutcome(
-                        outputs=out,
-                        batch_size=len(live),
-                        reason=reason,
-                        queue_s=(released - job.enqueued_ns) / 1e9,
-                        batch_s=(t_start - released) / 1e9,
-                        compute_s=fwd_s,
-                        postprocess_s=post_s,
-                    )
+        for job, out, pre_s in zip(live, outs, pre, strict=True):
+            if job.future.done():
+                continue
+            if isinstance(out, BaseException):
+                job.future.set_exception(out)
+                continue
+            job.future.set_result(
+                BatchOutcome(
+                    outputs=out,
+                    batch_size=len(live),
+                    reason=reason,
+                    queue_s=(released - job.enqueued_ns) / 1e9,
+                    batch_s=(t_start - released) / 1e9,
+                    compute_s=fwd_s,
+                    postprocess_s=post_s,
+                    preprocess_s=pre_s,
                 )
+            )
+
+
+class InBatch:
+    """A request to be preprocessed on the compute thread, in its batch (``preprocess_in_batch``)."""
+
+    __slots__ = ("preprocess", "request")
+
+    def __init__(self, preprocess: Callable[[Any], Any], request: Any) -> None:
+        self.preprocess = preprocess
+        self.request = request
+
+    def run(self) -> Any:
+        return self.preprocess(self.request)
+
+
+# a batch's answers (or each failed item's exception), forward s, postprocess s, start ns, each item's preprocess s
+_Computed = tuple[list[tuple[Tensor, ...] | BaseException], float, float, int, list[float]]
 
 
 def now_reader(clock: Clock) -> Callable[[], int]:

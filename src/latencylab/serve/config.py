@@ -35,6 +35,8 @@ Example (``serve.toml``)::
     admission_margin = "learned" # learned: a margin fed back from admitted latency | fixed: (1 - fraction) x SLO
     margin_quantile = 0.99      #   the quantile of admitted latency (2-s windows) the learned margin puts there
     direct_when_idle = false    # idle batcher: preprocess + compute on the compute thread, one hand-over
+    preprocess_in_batch = false # preprocess on the compute thread, in the batch (no preprocess pool; variants
+                                #   without cost buckets only, e.g. vision): one core gains nothing from a pool
     order_by = "deadline"       # text buckets run shortest first, unless a request's deadline is at risk;
                                 #   "slo": unless its start + slo_ms (or its deadline, if sooner) is at risk
     cache_ttl_s = 60
@@ -82,6 +84,10 @@ class ModelConfig:
     admission_margin: str = "learned"
     margin_quantile: float = 0.99
     direct_when_idle: bool = False  # an idle batcher preprocesses + computes a request in one hand-over
+    # preprocess each request on the compute thread, just before its batch's forward, instead of in the preprocess
+    # pool: two thread hand-offs fewer per request (docs/benchmarks/serve.md, session 18); not for variants with
+    # cost buckets (text), whose bucket is known only once preprocessed
+    preprocess_in_batch: bool = False
     # what the order of text buckets protects: "deadline" (the deadline only: with the 30-s default, plain
     # shortest-first) or "slo" (each request's start + slo_ms, or its deadline if sooner; measured worse here)
     order_by: str = "deadline"

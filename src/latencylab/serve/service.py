@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from latencylab.clock import Clock, PerfCounterClock
+from latencylab.errors import LatencyLabError
 from latencylab.serve.admission import Shed
-from latencylab.serve.batcher import Batcher, BatchOutcome, DeadlineExceeded, ModelFailure, now_reader
+from latencylab.serve.batcher import Batcher, BatchOutcome, DeadlineExceeded, InBatch, ModelFailure, now_reader
 from latencylab.serve.cache import ResultCache
 from latencylab.serve.config import ModelConfig
 from latencylab.serve.guard import Alarm, GuardConfig, SloGuard, Transition
@@ -109,6 +110,11 @@ class ModelService:
         self.caching = "cache" in self.ladder  # only a ladder with a cache rung stores answers
         self.compute_threads = compute_threads
         for v in self.variants:
+            if cfg.preprocess_in_batch and getattr(v, "bucket", None) is not None:
+                raise LatencyLabError(
+                    f"model {cfg.name!r}: preprocess_in_batch needs variants without cost buckets, and {v.name!r} "
+                    "has them (its bucket is known only once a request is preprocessed)"
+                )
             if cfg.ort_threads is not None and hasattr(v, "intra_op_threads"):  # ONNX Runtime variants
                 setattr(v, "intra_op_threads", cfg.ort_threads)  # noqa: B010 (not in the Variant protocol)
             if cfg.ort_spin_us is not None and hasattr(v, "spin_us"):  # ONNX Runtime variants
@@ -183,7 +189,10 @@ class ModelService:
         return deadline_ns - int(margin)
 
     def preprocess_lead_ns(self) -> int:
-        """Expected time before a request admitted now is preprocessed: its wait for a worker plus its own."""
+        """Expected time before a request admitted now is preprocessed: its wait for a worker plus its own (0 when
+        it is preprocessed in its batch: the batch's cost, which admission predicts, includes it)."""
+        if self.cfg.preprocess_in_batch:
+            return 0
         waves = 1 + self.preprocessing // self.pool_workers
         return int(waves * self.pre_s * 1e9)
 
@@ -426,6 +435,9 @@ class ModelService:
             # the order protects the finish admission planned (admit_by) from there on (Batcher._pick)
             batcher.submit(item, deadline_ns, fut, target, recheck[0] if recheck is not None else None)
 
+        if self.cfg.preprocess_in_batch:  # on the compute thread, in the batch: no hand-over here at all
+            on_loop(None, InBatch(variant.preprocess, request), None)
+            return
         if self.pool is None:  # inline on the event loop: no thread hand-over (one core: nothing to overlap)
             try:
                 took, item = _timed(self.now_ns, variant.preprocess, request)
