@@ -113,7 +113,7 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
 
     # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the read in a task of its own, and waking the
     # handler from it costs two more passes of the event loop, each of which, under 4x overload, waits behind
-    # every refusal ready meanwhile (docs/benchmarks/serve.md, session 18: 3.4 ms at the median)
+    # every refusal ready meanwhile (docs/benchmarks/serve.md, session 18: 1.5 ms at the median at 1920/s)
     try:
         async with asyncio.timeout(timeout_s):
             return await read()

@@ -403,8 +403,15 @@ class Batcher(Admission):
         return not fits_now or now + int(self.predict(bucket, len(jobs) + 1) * 1e9) + slack <= aim
 
     def _compute(self, items: list[Any]) -> tuple[list[tuple[Tensor, ...]], float, float, int]:
+        """One batch of preprocessed items (or InBatch ones) on the compute thread; an item's preprocessing
+        error is raised (the direct path's batch of one)."""
         outs, fwd_s, post_s, t_start, _ = self._compute_batch(items)
-        return [o for o in outs if not isinstance(o, BaseException)], fwd_s, post_s, t_start
+        answers: list[tuple[Tensor, ...]] = []
+        for o in outs:
+            if isinstance(o, BaseException):
+                raise o
+            answers.append(o)
+        return answers, fwd_s, post_s, t_start
 
     def _compute_batch(self, items: list[Any]) -> _Computed:
         """On the compute thread: preprocess the InBatch items (one that raises is answered with its exception,
