@@ -372,6 +372,11 @@ def main() -> int:
     )  # fmt: skip
     ap.add_argument("--no-gc-freeze", action="store_true", help="serve with gc_freeze = false (for comparison)")
     ap.add_argument(
+        "--no-admit-when-idle",
+        action="store_true",
+        help="serve with admit_when_idle = false (until session 19: the learned pad refuses an idle batcher too)",
+    )
+    ap.add_argument(
         "--busy-retries", type=int, default=6,
         help="rerun a capacity chunk the generator invalidated or other processes disturbed (more than "
         f"{FOREIGN_CPU_LIMIT:g} CPU on average) at most this often before the step counts as invalid",
@@ -467,6 +472,7 @@ def one_run(
                 # vision: preprocess in the batch, on the compute thread (no pool hand-offs; one core overlaps
                 # nothing); text cannot (its cost bucket is known only once preprocessed)
                 "preprocess_in_batch": args.model == "vision" and not args.preprocess_pool,
+                "admit_when_idle": not args.no_admit_when_idle,
             },
             server={"gc_freeze": not args.no_gc_freeze},
         )

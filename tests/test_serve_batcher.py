@@ -213,8 +213,14 @@ def test_tight_deadline_releases_early_and_is_met_in_real_time(machine_noise: No
         await b.stop()
         return out, (deadline - done) / 1e6
 
-    out, slack_ms = run(go())
-    assert out.reason == "deadline"
+    # Up to three tries: a release planned right is met in nearly every try (typically 1.5-2.3 ms early), while a
+    # single stall of a few ms on a quiet machine (seen once in CI: 2.19 ms late) must not fail it; a release
+    # planned wrong (after the 200-ms delay, or without the compute's prediction) misses in every try.
+    for _ in range(3):
+        out, slack_ms = run(go())
+        assert out.reason == "deadline"
+        if out.queue_s < 0.019 and slack_ms >= -2.0:
+            break
     if out.queue_s >= 0.019 or slack_ms < -2.0:
         machine_noise.recheck("a deadline 20 ms away to 2 ms", **limits)
     assert out.queue_s < 0.019  # released ~ deadline - predicted compute - margin, not after 200 ms
@@ -349,6 +355,32 @@ def test_reservations_count_ahead_until_submitted_or_given_back() -> None:
         return out
 
     assert run(go()) == ["queue_full", "deadline", "deadline"]
+
+
+def test_nothing_ahead_means_no_queue_no_reservation_and_a_free_worker() -> None:
+    """``nothing_ahead`` (the server's ``admit_when_idle``): a request admitted now would be computed next."""
+
+    async def go() -> list[bool]:
+        _, v, clk = on_fake_clock(base=0.004, per_item=0.0)
+        b = Batcher(v, max_batch_size=4, max_delay_s=0.05, max_queue=8, **clk)
+        b.warmup([1])
+        now = b.now_ns()
+        seen = [b.nothing_ahead()]
+        b.admit(now + ms(5000), now)  # reserved, still preprocessing
+        seen.append(b.nothing_ahead())
+        b.unreserve()
+        seen.append(b.nothing_ahead())
+        b.start()
+        b.admit(now + ms(5000), now)
+        fut = asyncio.ensure_future(b.submit(1, now + ms(5000)))  # queued, waiting for its batch to fill
+        await asyncio.sleep(0)
+        seen.append(b.nothing_ahead())
+        await fut
+        seen.append(b.nothing_ahead())
+        await b.stop()
+        return seen
+
+    assert run(go()) == [True, False, True, False, True]
 
 
 def test_release_fails_fast_whoever_cannot_finish_by_the_deadline() -> None:

@@ -228,8 +228,8 @@ class Admission:
         """Reserve a place, or raise Shed if the request cannot be queued or cannot make its deadline.
 
         ``lead_ns``: time the request still needs before it can be submitted (its expected preprocess,
-        including the wait for a preprocess worker). Every successful admit must be followed by exactly
-        one ``submit`` or ``unreserve``."""
+        including the wait for a preprocess worker), and what the server adds to its prediction (the slack).
+        Every successful admit must be followed by exactly one ``submit`` or ``unreserve``."""
         shed = self.refusal(deadline_ns, now, lead_ns)
         if shed is not None:
             raise shed
@@ -250,6 +250,11 @@ class Admission:
         if finish > deadline_ns and not self.starved(now):
             return Shed("deadline", max(0.1, (finish - now) / 1e9))
         return None
+
+    def nothing_ahead(self) -> bool:
+        """Nothing queued, nothing admitted and not yet submitted, and a compute worker free: a request admitted
+        now is computed next, and its prediction is its own cost alone (the server's ``admit_when_idle``)."""
+        return self._queued == 0 and self._reserved == 0 and len(self._running) < self.workers
 
     def starved(self, now: int) -> bool:
         """Nothing admitted for ``probe_after_ns`` (since ``start`` if nothing ever was): the next request goes

@@ -86,10 +86,7 @@ def head_verdict(
     if svc.ladder[level] == "cache" or level >= len(svc.batchers):
         return None  # the cache rung answers without admission
     batcher = svc.batchers[level]
-    if svc.cfg.admission_margin == "learned":
-        svc.margins[level].update(now)
-    admit_by = svc.admit_by_ns(start, deadline_ns, level)
-    slack = svc.boundary[level].current(now, batcher.margin_ns) if svc.cfg.admission_slack == "boundary" else 0
+    admit_by, slack, _ = svc.aim(level, start, deadline_ns, now)
     shed = batcher.refusal(admit_by, now, svc.preprocess_lead_ns() + slack)
     if shed is None:
         return None

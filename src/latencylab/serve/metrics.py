@@ -111,6 +111,13 @@ class ServerMetrics:
             ["model", "variant"],
             registry=r,
         )
+        self.idle_slack = Gauge(
+            "latencylab_server_admission_idle_slack_seconds",
+            "The admission slack of requests with nothing ahead of them (admit_when_idle): learned from their "
+            "own errors alone.",
+            ["model", "variant"],
+            registry=r,
+        )
         self.margin = Gauge(
             "latencylab_server_admission_margin_seconds",
             "The planning margin admission learned from admitted latency: it plans each finish by the deadline "

@@ -54,6 +54,7 @@ class Timing:
     preprocessed: int = 0
     outcome: BatchOutcome | None = None
     predicted: int = 0  # predicted finish of a request admitted near the boundary (else 0), for BoundarySlack
+    idle: bool = False  # admitted with nothing ahead (ModelService.aim): its error teaches the idle slack
     budget: int = 0  # the request's whole deadline (ns from its start), the most one error can count for
     level: int = -1  # the rung whose batcher served it (-1: not a batcher, e.g. the cache)
     end: int = 0
@@ -100,7 +101,9 @@ class ModelService:
         self.guard = SloGuard(self.ladder, guard_cfg, self.clock, on_alarm=self._alarm(on_alarm))
         self.batchers: list[Batcher] = []
         self.boundary: list[BoundarySlack] = []  # per rung: admission slack from near-boundary errors (slack.py)
-        self._slack_shown: list[int] = []
+        # per rung: the slack of requests admitted with nothing ahead of them (admit_when_idle, ``aim``)
+        self.idle_boundary: list[BoundarySlack] = []
+        self._slack_shown: list[tuple[int, int]] = []
         self.margins: list[LearnedMargin] = []  # per rung: the planning margin learned from admitted latency
         self._margin_shown: list[int] = []
         self.in_flight = 0
@@ -169,7 +172,8 @@ class ModelService:
             log.info("warmed %s/%s in %.1f s: %s", self.name, v.name, elapsed, b.model.by_size)
             self.batchers.append(b)
             self.boundary.append(BoundarySlack(self.cfg.quantile))
-            self._slack_shown.append(-1)
+            self.idle_boundary.append(BoundarySlack(self.cfg.quantile))
+            self._slack_shown.append((-1, -1))
             slo_ns = int(self.cfg.slo_ms * 1e6)
             self.margins.append(LearnedMargin(slo_ns, self.cfg.slo_target_fraction, self.cfg.margin_quantile))
             self._margin_shown.append(-1)
@@ -187,6 +191,31 @@ class ModelService:
             return deadline_ns - self.margins[level].scaled_ns(budget)
         margin = (1.0 - self.cfg.slo_target_fraction) * min(budget, self.cfg.slo_ms * 1e6)
         return deadline_ns - int(margin)
+
+    def aim(self, level: int, start_ns: int, deadline_ns: int, now: int) -> tuple[int, int, bool]:
+        """What admission of a request to rung ``level`` checks its predicted finish against, now: (admit by,
+        slack, nothing ahead).
+
+        Behind a queue (or with ``admit_when_idle`` off): ``admit_by_ns`` (the learned margin's target) and the
+        boundary slack. With nothing ahead of it (``Batcher.nothing_ahead``: nothing queued, nothing admitted
+        and still preprocessing, a worker free) and ``admit_when_idle`` on: the *fixed* target, (1 -
+        ``slo_target_fraction``) x min(budget, SLO) before the deadline, and the slack learned from requests
+        admitted with nothing ahead alone. The learned margin and the boundary slack are learned behind a queue;
+        grown past the SLO they refused an idle batcher too, so no request could show them too large (issue 22:
+        the vision server's sticky low state). Work whose own cost scatters is still refused: its errors teach
+        the idle slack."""
+        batcher = self.batchers[level]
+        if self.cfg.admission_margin == "learned":
+            self.margins[level].update(now)  # it moves on its interval, also while nothing ends
+        idle = self.cfg.admit_when_idle and batcher.nothing_ahead()
+        if idle:
+            budget = deadline_ns - start_ns
+            by = deadline_ns - int((1.0 - self.cfg.slo_target_fraction) * min(budget, self.cfg.slo_ms * 1e6))
+        else:
+            by = self.admit_by_ns(start_ns, deadline_ns, level)
+        source = (self.idle_boundary if idle else self.boundary)[level]
+        slack = source.current(now, batcher.margin_ns) if self.cfg.admission_slack == "boundary" else 0
+        return by, slack, idle
 
     def preprocess_lead_ns(self) -> int:
         """Expected time before a request admitted now is preprocessed: its wait for a worker plus its own (0 when
@@ -264,17 +293,12 @@ class ModelService:
             routed = False  # ... but its latency is not evidence about the rung it was routed to
         batcher = self.batchers[level]
         lead = self.preprocess_lead_ns()
-        boundary = self.boundary[level]
-        if self.cfg.admission_margin == "learned":
-            self.margins[level].update(now)  # it moves on its interval, also while nothing ends
-        admit_by = self.admit_by_ns(timing.start - timing.age_ns, deadline_ns, level)
+        admit_by, slack, idle = self.aim(level, timing.start - timing.age_ns, deadline_ns, now)
+        boundary = (self.idle_boundary if idle else self.boundary)[level]
         self._show_margin(level, batcher.variant.name)
         predicted = batcher.predicted_finish_ns(now) + lead  # what admission expects, before any margin
-        slack = boundary.current(now, batcher.margin_ns) if self.cfg.admission_slack == "boundary" else 0
         near = boundary.near(admit_by - predicted, batcher.margin_ns)
-        if slack != self._slack_shown[level]:
-            self._slack_shown[level] = slack
-            self.metrics.slack.labels(self.name, batcher.variant.name).set(slack / 1e9)
+        self._show_slack(level, batcher.variant.name, idle)
         try:
             batcher.admit(admit_by, now, lead + slack)
         except Shed as shed:
@@ -303,6 +327,7 @@ class ModelService:
             self.metrics.in_flight.labels(self.name).set(self.in_flight)
         timing.level = level
         timing.predicted = predicted if near else 0  # observed by the boundary slack at answer time
+        timing.idle = idle  # ... the one it was admitted by
         timing.budget = deadline_ns - (timing.start - timing.age_ns)
         timing.outcome = outcome
         variant = batcher.variant.name
@@ -477,7 +502,8 @@ class ModelService:
         if timing.predicted:
             # an error beyond the request's whole deadline is a stall, not prediction noise: one must not make
             # the slack refuse every request for the length of the window
-            self.boundary[timing.level].observe(now_ns, min(now_ns - timing.predicted, timing.budget))
+            boundary = (self.idle_boundary if timing.idle else self.boundary)[timing.level]
+            boundary.observe(now_ns, min(now_ns - timing.predicted, timing.budget))
 
     def _late_outcome(self, level: int, timing: Timing, deadline_ns: int) -> None:
         """A 504 teaches the learned margin as a latency of at least its whole budget."""
@@ -485,6 +511,14 @@ class ModelService:
             start = timing.start - timing.age_ns
             now = max(self.now_ns(), deadline_ns)
             self.margins[level].observe(now, now - start, deadline_ns - start)
+
+    def _show_slack(self, level: int, variant: str, idle: bool) -> None:
+        """The gauges of the two slacks (behind a queue; with nothing ahead), when they changed."""
+        slacks = (self.boundary[level].slack_ns, self.idle_boundary[level].slack_ns)
+        if slacks != self._slack_shown[level]:
+            self._slack_shown[level] = slacks
+            self.metrics.slack.labels(self.name, variant).set(slacks[0] / 1e9)
+            self.metrics.idle_slack.labels(self.name, variant).set(slacks[1] / 1e9)
 
     def _show_margin(self, level: int, variant: str) -> None:
         m = self.margins[level].margin_ns if level < len(self.margins) else 0
