@@ -13,6 +13,10 @@ One run, same machine, same prompts, same objectives for every server:
       batch generated to its longest row;
     - ``llamacpp``: llama-cpp-python's OpenAI server on the GGUF file, ``--n_threads 1 --interrupt_requests
       False`` (venv: ``bash benchmarks/peers/llamacpp_setup.sh``; skipped with that command when missing);
+    - ``llamacpp-server``: llama.cpp's own C++ ``llama-server`` on the same GGUF file, built from the llama.cpp
+      that llama-cpp-python vendors (``bash benchmarks/peers/llamacpp_server_setup.sh``; skipped with that command
+      when missing): ``--threads 1 --threads-batch 1 --parallel 8`` (8 slots, continuous batching, the same
+      8 sequences latencylab batches), 1024 tokens of context per slot;
     - ``transformers-serve``: ``transformers serve --continuous-batching`` (venv: ``bash
       benchmarks/peers/tfserve_setup.sh``): its stream ends without ``data: [DONE]``, which the generator
       counts as an error, so it is measured through benchmarks/peers/sse_done_relay.py (on the generator's
@@ -40,6 +44,8 @@ One run, same machine, same prompts, same objectives for every server:
     /tmp/lbench .venv/bin/python benchmarks/gen_serve_vs_peers.py --only static
     /tmp/lbench .venv/bin/python benchmarks/gen_serve_vs_peers.py --only latencylab     # needs naive's result
     /tmp/lbench .venv/bin/python benchmarks/gen_serve_vs_peers.py --only llamacpp
+    bash benchmarks/peers/llamacpp_server_setup.sh               # once (optional peer: llama.cpp's C++ server)
+    /tmp/lbench .venv/bin/python benchmarks/gen_serve_vs_peers.py --only llamacpp-server
     /tmp/lbench .venv/bin/python benchmarks/gen_serve_vs_peers.py --only latencylab --overload-only  # re-run
                    # only the 2x-overload step, at 2x the saved capacity (the previous one kept as superseded)
     .venv/bin/python benchmarks/gen_serve_vs_peers.py --report   # table, ratios, plot from the saved steps
@@ -82,16 +88,25 @@ from _serving import (
     session_cpu_s,
 )
 
-SERVERS = ("naive", "static", "latencylab", "llamacpp", "transformers-serve")
+SERVERS = ("naive", "static", "latencylab", "llamacpp", "llamacpp-server", "transformers-serve")
 DEFAULT_ONLY = SERVERS
 SERVER_CPU, CLIENT_CPU = 1, 0
 LLAMACPP_VENV = ROOT / "benchmarks" / ".venvs" / "llamacpp"
+LLAMA_SERVER = ROOT / "benchmarks" / ".venvs" / "llamacpp-server" / "bin" / "llama-server"
+LLAMA_SERVER_SLOTS = 8
 TFSERVE_VENV = ROOT / "benchmarks" / ".venvs" / "tfserve"
 RELAYS: dict[int, Running] = {}  # server pid -> the relay in front of it (transformers-serve)
 # --quick: every server starts (and, with one step, stays) here; the arrival seeds are fixed, so a 3-s step at 1/s
 # sends the same few requests every run
 QUICK_RATE = 1.0
-START = {"naive": 0.1, "static": 0.1, "latencylab": 0.2, "llamacpp": 0.2, "transformers-serve": 0.1}
+START = {
+    "naive": 0.1,
+    "static": 0.1,
+    "latencylab": 0.2,
+    "llamacpp": 0.2,
+    "llamacpp-server": 0.2,
+    "transformers-serve": 0.1,
+}
 
 
 @dataclass(frozen=True)
@@ -345,6 +360,15 @@ def start_server(name: str, cfg: Config, workdir: Path) -> tuple[Running, str] |
                "--model_alias", model, "--host", HOST, "--port", str(port), "--n_ctx", "4096", "--n_threads", "1",
                "--n_threads_batch", "1", "--interrupt_requests", "False"]  # fmt: skip
         env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    elif name == "llamacpp-server":
+        if not LLAMA_SERVER.exists():
+            return "not built: bash benchmarks/peers/llamacpp_server_setup.sh"
+        from latencylab.workloads.gen_model import gguf_path
+
+        # context: 1024 tokens per slot (the longest built-in prompt, 553 tokens, + 48 generated fits)
+        cmd = [str(LLAMA_SERVER), "--model", str(gguf_path()), "--alias", model, "--host", HOST, "--port", str(port),
+               "--threads", "1", "--threads-batch", "1", "--parallel", str(LLAMA_SERVER_SLOTS), "--cont-batching",
+               "--ctx-size", str(1024 * LLAMA_SERVER_SLOTS), "--no-webui"]  # fmt: skip
     elif name == "transformers-serve":
         if not (TFSERVE_VENV / "bin" / "python").exists():
             return "not set up: bash benchmarks/peers/tfserve_setup.sh"
@@ -522,8 +546,9 @@ def report(docs: dict[str, dict[str, Any]], cfg: Config) -> str:
         return f"latencylab / {peer} capacity: {r:.2f}x (target >= {target:g}x: {'met' if r >= target else 'NOT met'})"
 
     lines += [f"* {ratio('naive', 4.0)}", f"* {ratio('static', 1.5)}"]
-    if caps.get("llamacpp") and ll:
-        lines.append(f"* latencylab / llamacpp capacity: {ll / caps['llamacpp']:.2f}x (reported, no target)")
+    for peer in ("llamacpp", "llamacpp-server"):
+        if caps.get(peer) and ll:
+            lines.append(f"* latencylab / {peer} capacity: {ll / caps[peer]:.2f}x (reported, no target)")
     at70 = {n: next((s for s in d.get("steps", []) if s["purpose"] == "at-70%-naive"), None) for n, d in docs.items()}
     a, b = at70.get("latencylab"), at70.get("naive")
     if a and b and a["ttft_p99_ms"] and b["ttft_p99_ms"]:

@@ -101,9 +101,12 @@ def test_a_cancelled_sequence_frees_its_slot_at_the_next_step() -> None:
     s.step()
     s.step()
     assert s.running == [a, b] and list(s.waiting) == [c]
+    made = len(a.tokens)
     s.cancel(a)  # the client left
     r = s.step()
     assert r is not None and a in r.finished and a.finish_reason == "cancelled"
+    assert a.cancel_ns is not None and a.finished_ns == r.start_ns >= a.cancel_ns  # freed at the next step's start
+    assert len(a.tokens) == made  # nothing computed for it after the cancel
     assert c in r.joined  # the slot went to the next in line in the same step
     assert a.id not in eng.decodes()[-1] and ("release", a.id) in eng.calls
     waiting = s.submit(req(5))

@@ -93,6 +93,15 @@ class GenMetrics:
             "latencylab_gen_ladder_switch_seconds", "Guard decision to the first response at the new rung.",
             ["model", "rung"], buckets=_TIME, registry=r,
         )  # fmt: skip
+        # a client that left: how soon its slot was freed, and what was computed for it meanwhile (issue 18)
+        self.cancel_free = hist(
+            "latencylab_gen_cancel_to_free_seconds",
+            "A client's disconnect (the sequence cancelled) to its slot and KV freed at the start of the next step.",
+        )
+        self.tokens_after_cancel = Histogram(
+            "latencylab_gen_tokens_after_cancel", "Tokens chosen for a cancelled sequence after its cancellation.",
+            labels, buckets=(0, 1, 2, 3, 5, 10), registry=r,
+        )  # fmt: skip
         self._recent: deque[tuple[int, int]] = deque()
 
     def observe_step(self, rep: StepReport) -> None:
@@ -121,6 +130,9 @@ class GenMetrics:
         for s in rep.finished:
             if not _shadow(s):
                 self.observe_finish(s)
+                if s.finish_reason == "cancelled" and s.cancel_ns is not None and s.finished_ns is not None:
+                    self.cancel_free.labels(m).observe(max(0, s.finished_ns - s.cancel_ns) / 1e9)
+                    self.tokens_after_cancel.labels(m).observe(sum(1 for t in s.token_ns if t > s.cancel_ns))
         self.set_state(rep.running, rep.waiting, rep.kv_reserved, rep.kv_used)
         # tokens/s over the last 10 s of the scheduler's clock (the end of each step)
         now = rep.end_ns

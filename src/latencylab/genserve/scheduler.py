@@ -176,6 +176,7 @@ class Seq:
     finish_reason: str = ""  # "stop" (EOS or a stop string), "length", "cancelled"
     finished_ns: int | None = None
     cancel_reason: str = ""  # set by cancel()/stop(); applied at the next step
+    cancel_ns: int | None = None  # when cancel()/stop() was called (the slot is freed at the next step's start)
     engine_state: Any = None  # the engine's per-sequence data (its KV cache)
     generator: Any = None  # the engine's sampler state (a seeded torch.Generator)
     user: Any = None  # the caller's handle (the HTTP layer's stream)
@@ -297,6 +298,7 @@ class Scheduler:
             if seq.finished or seq.cancel_reason:
                 return
             seq.cancel_reason = reason
+            seq.cancel_ns = self.now_ns()
             if seq.state == "waiting" and seq in self.waiting:
                 self.waiting.remove(seq)
                 self._cancelled.append(seq)

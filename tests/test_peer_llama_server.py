@@ -1,0 +1,90 @@
+"""llama.cpp's own C++ OpenAI-compatible server (``llama-server``, parallel slots + continuous batching), driven by
+the streaming load generator unchanged: the peer of issue 18's capacity table that batches as latencylab does.
+
+The binary is built from the llama.cpp that llama-cpp-python vendors (``bash
+benchmarks/peers/llamacpp_server_setup.sh``, ~10-15 min on 2 cores) and serves the project's SmolLM2 GGUF file
+on 127.0.0.1. Without the binary every test here is skipped with a loud reason. Slow tier.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from latencylab.load.arrivals import Constant
+from latencylab.load.gen_client import gen_api
+from latencylab.load.gen_runner import gen_load_test
+from latencylab.load.generator import LoadConfig
+from latencylab.load.prompts import builtin_prompts, with_max_tokens
+from peer_servers import http_status
+from ports import HOST, free_ports
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "benchmarks" / ".venvs" / "llamacpp-server" / "bin" / "llama-server"
+SETUP = "bash benchmarks/peers/llamacpp_server_setup.sh"
+MODEL = "smollm2"
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Iterator[str]:
+    if not BIN.exists():
+        pytest.skip(f"LLAMA-SERVER PEER NOT BUILT: run `{SETUP}` first (llama.cpp's C++ server, ~10-15 min)")
+    from latencylab.workloads.gen_model import gguf_path
+
+    port = free_ports(1)[0]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [str(BIN), "--model", str(gguf_path()), "--alias", MODEL, "--host", HOST, "--port", str(port),
+             "--threads", "1", "--threads-batch", "1", "--parallel", str(SLOTS), "--cont-batching",
+             "--ctx-size", str(512 * SLOTS), "--no-webui"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        url = f"http://{HOST}:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while http_status(f"{url}/v1/models") != 200:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace")[-2000:]
+                    pytest.fail(f"llama-server did not come up on {url} (exit {proc.poll()}):\n{tail}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_it_runs_the_parallel_slots_it_was_given(llama_server: str) -> None:
+    with urllib.request.urlopen(f"{llama_server}/props", timeout=10) as r:
+        props = json.loads(r.read())
+    assert props["total_slots"] == SLOTS
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_streaming_generator_drives_llama_server_with_overlapping_streams(llama_server: str, api: str) -> None:
+    """2 requests a second of up to 16 tokens: streams overlap (each takes longer than 0.5 s on one thread), and
+    every one of them is answered in full and ends with ``data: [DONE]``."""
+    prompts = with_max_tokens(builtin_prompts()[:8], 16)
+    cfg = LoadConfig(duration_s=5, timeout_s=60, spin="off", connections=SLOTS)
+    res, rec = gen_load_test(llama_server, gen_api(api), MODEL, prompts, Constant(2.0), cfg, env={})
+    s, t = res.summary, res.summary["tokens"]
+    assert s["sent"] == s["ok"] + s["shed"] + s["error"] >= 8
+    assert s["ok"] == s["sent"], s["errors_by_reason"]
+    assert 1 <= t["output_tokens_mean"] <= 16
+    assert rec.traces is not None
+    for i, tr in enumerate(rec.traces):
+        assert tr is not None and tr.saw_end and not tr.error, i
