@@ -60,6 +60,13 @@ class DeadlineExceeded(Exception):
         self.where = where
 
 
+def _missed(passed: bool, where: str) -> DeadlineExceeded:
+    """The 504 of a job failed at ``where`` (``queue`` or ``release``): its deadline already ``passed``, or it
+    cannot finish by it (``<where>_passed`` / ``<where>_late``)."""
+    why = "deadline passed while queued" if passed else "cannot finish by deadline"
+    return DeadlineExceeded(why, f"{where}_passed" if passed else f"{where}_late")
+
+
 @dataclass(order=True, slots=True)
 class Job:
     deadline_ns: int
@@ -469,9 +476,7 @@ class Batcher(Admission):
                 self._queued -= 1
                 dropped = True
                 if not job.future.done():
-                    passed = job.deadline_ns < now
-                    why = "deadline passed while queued" if passed else "cannot finish by deadline"
-                    job.future.set_exception(DeadlineExceeded(why, "queue_passed" if passed else "queue_late"))
+                    job.future.set_exception(_missed(job.deadline_ns < now, "queue"))
         if dropped and self._on_depth is not None:
             self._on_depth(self._queued)
         return nxt
@@ -521,9 +526,7 @@ class Batcher(Admission):
                 if not late:
                     break
                 for job in late:
-                    passed = job.deadline_ns < released
-                    why = "deadline passed while queued" if passed else "cannot finish by deadline"
-                    job.future.set_exception(DeadlineExceeded(why, "release_passed" if passed else "release_late"))
+                    job.future.set_exception(_missed(job.deadline_ns < released, "release"))
                 live = [j for j in live if j.deadline_ns >= finish]
             if not live:
                 continue  # nothing ran: the bucket's estimate is still unrefuted (stays due for a probe)
