@@ -6,11 +6,13 @@ caches concatenated each step: this prints the step time at each batch size both
 engine's decode step as served; "concat/step" forces the re-pack (pad + concatenate every sequence's cache
 into the batch) before every step, which is what per-sequence caches would pay.
 
-Chunked prefill: 4 short chats decode (40 tokens each, EOS ignored) while the longest shipped prompt (~500
-tokens) joins after 5 steps; printed: the running sequences' ITL p50 / max and the long prompt's TTFT, with a
-128-token prefill budget per step and with none (the whole prompt in one step).
+Chunked prefill: 4 short chats decode (80 tokens each, EOS ignored) while the longest shipped prompt (~550
+tokens) joins every 16 steps (``--joins`` times); printed: the running sequences' ITL p50 / p99 (nearest rank) /
+max and the long prompt's median TTFT, for three prefill policies: none (the whole prompt in one step), a fixed
+128-token chunk a step, and the served one (``serve --model gen``: the budget tied to the TPOT objective,
+genserve/budget.py).
 
-    /tmp/lbench .venv/bin/python benchmarks/gen_serve_engine.py [--steps 16] [--threads 2]
+    /tmp/lbench .venv/bin/python benchmarks/gen_serve_engine.py [--steps 16] [--threads 2] [--batches 1,4,8]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batches", default="1,4,8")
+    ap.add_argument("--joins", type=int, default=4, help="chunked prefill: how often the long prompt joins")
     args = ap.parse_args()
     import torch
 
@@ -61,20 +64,34 @@ def main() -> None:
             rows.append(statistics.median(times))
         print(f"{b:>5} {rows[0] * 1e3:>15.1f} {rows[1] * 1e3:>15.1f} {b / rows[0]:>18.1f}")
     long_prompt = max((chat_ids(lm.tokenizer, messages_of(p)) for p in builtin_prompts()), key=len)
-    print(f"\nchunked prefill: 4 decoding + a {len(long_prompt)}-token prompt joining")
-    print(f"{'chunk':>6} {'ITL p50 ms':>11} {'ITL max ms':>11} {'long TTFT ms':>13}")
-    for chunk in (128, 4096):
+    joins = args.joins
+    print(f"\nchunked prefill: 4 decoding (80 tokens each) while a {len(long_prompt)}-token prompt joins {joins} times")
+    print(f"{'policy':>22} {'ITL p50 ms':>11} {'ITL p99 ms':>11} {'ITL max ms':>11} {'gaps':>5} {'long TTFT ms':>13}")
+    from latencylab.genserve.service import GenServeConfig
+
+    tpot_slo = GenServeConfig().tpot_slo_s
+    policies = (
+        ("whole prompt (none)", SchedulerConfig(max_num_seqs=8, prefill_chunk_tokens=4096)),
+        ("fixed 128 tokens", SchedulerConfig(max_num_seqs=8, prefill_chunk_tokens=128)),
+        (f"TPOT-tied ({tpot_slo * 1e3:g} ms)", SchedulerConfig(max_num_seqs=8, tpot_slo_s=tpot_slo)),
+    )
+    for name, cfg in policies:
         eng = TorchEngine(lm.model)
-        sched = Scheduler(eng, SchedulerConfig(max_num_seqs=8, prefill_chunk_tokens=chunk))
-        short = [sched.submit(GenRequest(tuple(prompts[i]), 40)) for i in range(4)]
+        sched = Scheduler(eng, cfg)
+        short = [sched.submit(GenRequest(tuple(prompts[i]), 80)) for i in range(4)]
         for _ in range(6):
             sched.step()
-        long = sched.submit(GenRequest(tuple(long_prompt), 4))
-        while sched.step() is not None:
-            pass
+        longs, steps = [], 0
+        while sched.step() is not None:  # a long prompt joins every 16 steps, `joins` times
+            steps += 1
+            if steps % 16 == 1 and len(longs) < joins:
+                longs.append(sched.submit(GenRequest(tuple(long_prompt), 4)))
         gaps = sorted((b - a) / 1e6 for s in short for a, b in zip(s.token_ns[5:], s.token_ns[6:], strict=False))
-        ttft = ((long.first_token_ns or 0) - long.arrival_ns) / 1e6
-        print(f"{chunk:>6} {statistics.median(gaps):>11.1f} {gaps[-1]:>11.1f} {ttft:>13.1f}")
+        ttft = statistics.median(((x.first_token_ns or 0) - x.arrival_ns) / 1e6 for x in longs)
+        p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
+        print(
+            f"{name:>22} {statistics.median(gaps):>11.1f} {p99:>11.1f} {gaps[-1]:>11.1f} {len(gaps):>5} {ttft:>13.1f}"
+        )
 
 
 if __name__ == "__main__":
