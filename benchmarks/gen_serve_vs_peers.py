@@ -155,6 +155,7 @@ class Config:
     timeout_s: float
     pin: bool
     quick: bool
+    start: float | None = None  # first search rate of every server (None: START per server)
 
 
 def _q(v: np.ndarray, q: float) -> float | None:
@@ -435,7 +436,7 @@ def measure_server(name: str, cfg: Config, out: Path, prompts: list[Any], log: C
             steps.append(st)
             return st
 
-        start = START[name] if not cfg.quick else QUICK_RATE
+        start = (cfg.start or START[name]) if not cfg.quick else QUICK_RATE
         search(one, start, cfg.max_steps)
         cap = capacity(steps)
         log(f"{name}: capacity {'none' if cap is None else f'{cap:.3f}/s'}")
@@ -633,6 +634,7 @@ def main() -> int:
     ap.add_argument("--max-duration", type=float, default=120.0)
     ap.add_argument("--min-requests", type=int, default=16)
     ap.add_argument("--max-steps", type=int, default=6)
+    ap.add_argument("--start", type=float, default=None, help="first search rate (req/s) of every server named")
     ap.add_argument("--timeout", type=float, default=60.0, help="per request, seconds")
     ap.add_argument("--no-pin", action="store_true", help="do not pin servers to CPU 1 and the generator to CPU 0")
     ap.add_argument("--quick", action="store_true", help="a smoke run: one 3-s search step per server at 1/s, 6 tokens")
@@ -654,7 +656,7 @@ def main() -> int:
         ap.error("--overload-only goes with --only latencylab")
     pin = not args.no_pin and (os.cpu_count() or 1) >= 2
     cfg = Config(args.ttft_slo, args.tpot_slo, args.max_tokens, args.min_duration, args.max_duration,
-                 args.min_requests, args.max_steps, args.timeout, pin, args.quick)  # fmt: skip
+                 args.min_requests, args.max_steps, args.timeout, pin, args.quick, args.start)  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LATENCYLAB_CACHE", str(ROOT / ".cache" / "latencylab"))
