@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -205,3 +206,35 @@ def _wait_ready(server: PeerServer, ready_url: str, started: float, timeout_s: f
                 f"{server.name} not ready at {ready_url} within {timeout_s:g} s; its log ends:\n{server.log_tail()}"
             )
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def serving(
+    argv: Sequence[str], url: str, what: str, env: Mapping[str, str] | None = None, startup_s: float = 120.0
+) -> Iterator[str]:
+    """Run ``argv`` (a server, in a session of its own, its output to a temporary file) until ``url`` answers 200,
+    yield ``url``, then terminate it (kill after 15 s). If it exits or does not answer within ``startup_s``, fail
+    the test with the end of its output."""
+    import pytest
+
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, env=None if env is None else dict(env),
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + startup_s
+            while http_status(url) != 200:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace")[-2000:]
+                    pytest.fail(f"{what} did not come up on {url} (exit {proc.poll()}):\n{tail}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -9,9 +9,6 @@ on 127.0.0.1. Without the binary every test here is skipped with a loud reason. 
 from __future__ import annotations
 
 import json
-import subprocess
-import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +20,7 @@ from latencylab.load.gen_client import gen_api
 from latencylab.load.gen_runner import gen_load_test
 from latencylab.load.generator import LoadConfig
 from latencylab.load.prompts import builtin_prompts, with_max_tokens
-from peer_servers import http_status
+from peer_servers import serving
 from ports import HOST, free_ports
 
 pytestmark = pytest.mark.slow
@@ -42,30 +39,12 @@ def llama_server() -> Iterator[str]:
     from latencylab.workloads.gen_model import gguf_path
 
     port = free_ports(1)[0]
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            [str(BIN), "--model", str(gguf_path()), "--alias", MODEL, "--host", HOST, "--port", str(port),
-             "--threads", "1", "--threads-batch", "1", "--parallel", str(SLOTS), "--cont-batching",
-             "--ctx-size", str(512 * SLOTS), "--no-webui"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        url = f"http://{HOST}:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while http_status(f"{url}/v1/models") != 200:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    tail = log.read().decode(errors="replace")[-2000:]
-                    pytest.fail(f"llama-server did not come up on {url} (exit {proc.poll()}):\n{tail}")
-                time.sleep(0.5)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    argv = [str(BIN), "--model", str(gguf_path()), "--alias", MODEL, "--host", HOST, "--port", str(port),
+            "--threads", "1", "--threads-batch", "1", "--parallel", str(SLOTS), "--cont-batching",
+            "--ctx-size", str(512 * SLOTS), "--no-webui"]  # fmt: skip
+    url = f"http://{HOST}:{port}"
+    with serving(argv, f"{url}/v1/models", "llama-server"):
+        yield url
 
 
 def test_it_runs_the_parallel_slots_it_was_given(llama_server: str) -> None:

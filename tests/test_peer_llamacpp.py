@@ -10,10 +10,7 @@ reason. Slow tier: the model loads and generates on the CPU.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +21,7 @@ from latencylab.load.gen_client import gen_api
 from latencylab.load.gen_runner import gen_load_test
 from latencylab.load.generator import LoadConfig
 from latencylab.load.prompts import Prompt, builtin_prompts, with_max_tokens
-from peer_servers import http_status
+from peer_servers import serving
 from ports import HOST, free_ports
 
 pytestmark = pytest.mark.slow
@@ -75,29 +72,12 @@ def _serve() -> Iterator[str]:
     gguf = _require_llamacpp()
     port = free_ports(1)[0]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            [str(PYTHON), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL, "--host", HOST,
-             "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", "1", "--interrupt_requests", "False"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-        url = f"http://{HOST}:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while http_status(f"{url}/v1/models") != 200:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    tail = log.read().decode(errors="replace")[-2000:]
-                    pytest.fail(f"llama_cpp.server did not come up on {url} (exit {proc.poll()}):\n{tail}")
-                time.sleep(0.5)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    argv = [str(PYTHON), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", MODEL, "--host", HOST,
+            "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", "1",
+            "--interrupt_requests", "False"]  # fmt: skip
+    url = f"http://{HOST}:{port}"
+    with serving(argv, f"{url}/v1/models", "llama_cpp.server", env=env):
+        yield url
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
