@@ -34,8 +34,8 @@ Example (``serve.toml``)::
     slo_target_fraction = 0.9   # the admitted latency is aimed inside this fraction of min(deadline, SLO)
     admission_margin = "learned" # learned: a margin fed back from admitted latency | fixed: (1 - fraction) x SLO
     margin_quantile = 0.99      #   the quantile of admitted latency (2-s windows) the learned margin puts there
-    admit_when_idle = true      # nothing ahead of a request: admitted by the fixed target (slo_target_fraction),
-                                #   whatever the learned margin and slack are (they are learned behind a queue)
+    admit_when_idle = true      # nothing ahead of a request: judged by the fixed target (slo_target_fraction) and
+                                #   a slack learned from such requests, not by the margin + slack learned behind a queue
     direct_when_idle = false    # idle batcher: preprocess + compute on the compute thread, one hand-over
     preprocess_in_batch = false # preprocess on the compute thread, in the batch (no preprocess pool; variants
                                 #   without cost buckets only, e.g. vision): one core gains nothing from a pool
@@ -86,9 +86,9 @@ class ModelConfig:
     admission_margin: str = "learned"
     margin_quantile: float = 0.99
     # a request with nothing queued or computing ahead of it is admitted if its predicted finish (+ the batcher's
-    # 3-ms margin) is inside the fixed target, whatever the learned margin and boundary slack say: they are learned
-    # from requests admitted behind a queue, and once they grow past the SLO they would refuse the very requests
-    # that show them too large (issue 22, docs/benchmarks/serve.md "Session 19")
+    # 3-ms margin + the idle slack, learned from such requests alone) is inside the fixed target, whatever the learned
+    # margin and boundary slack say: they are learned from requests admitted behind a queue, and once they grow past
+    # the SLO they would refuse the very requests that show them too large (issue 22, docs/benchmarks/serve.md)
     admit_when_idle: bool = True
     direct_when_idle: bool = False  # an idle batcher preprocesses + computes a request in one hand-over
     # preprocess each request on the compute thread, just before its batch's forward, instead of in the preprocess

@@ -189,8 +189,11 @@ class ModelService:
         budget = deadline_ns - start_ns
         if self.cfg.admission_margin == "learned" and level < len(self.margins):
             return deadline_ns - self.margins[level].scaled_ns(budget)
-        margin = (1.0 - self.cfg.slo_target_fraction) * min(budget, self.cfg.slo_ms * 1e6)
-        return deadline_ns - int(margin)
+        return self._fixed_target(deadline_ns, budget)
+
+    def _fixed_target(self, deadline_ns: int, budget_ns: int) -> int:
+        """The deadline less (1 - ``slo_target_fraction``) x min(budget, SLO): 90% of the SLO by default."""
+        return deadline_ns - int((1.0 - self.cfg.slo_target_fraction) * min(budget_ns, self.cfg.slo_ms * 1e6))
 
     def aim(self, level: int, start_ns: int, deadline_ns: int, now: int) -> tuple[int, int, bool]:
         """What admission of a request to rung ``level`` checks its predicted finish against, now: (admit by,
@@ -208,11 +211,11 @@ class ModelService:
         if self.cfg.admission_margin == "learned":
             self.margins[level].update(now)  # it moves on its interval, also while nothing ends
         idle = self.cfg.admit_when_idle and batcher.nothing_ahead()
-        if idle:
-            budget = deadline_ns - start_ns
-            by = deadline_ns - int((1.0 - self.cfg.slo_target_fraction) * min(budget, self.cfg.slo_ms * 1e6))
-        else:
-            by = self.admit_by_ns(start_ns, deadline_ns, level)
+        by = (
+            self._fixed_target(deadline_ns, deadline_ns - start_ns)
+            if idle
+            else self.admit_by_ns(start_ns, deadline_ns, level)
+        )
         source = (self.idle_boundary if idle else self.boundary)[level]
         slack = source.current(now, batcher.margin_ns) if self.cfg.admission_slack == "boundary" else 0
         return by, slack, idle
@@ -298,7 +301,7 @@ class ModelService:
         self._show_margin(level, batcher.variant.name)
         predicted = batcher.predicted_finish_ns(now) + lead  # what admission expects, before any margin
         near = boundary.near(admit_by - predicted, batcher.margin_ns)
-        self._show_slack(level, batcher.variant.name, idle)
+        self._show_slack(level, batcher.variant.name)
         try:
             batcher.admit(admit_by, now, lead + slack)
         except Shed as shed:
@@ -512,7 +515,7 @@ class ModelService:
             now = max(self.now_ns(), deadline_ns)
             self.margins[level].observe(now, now - start, deadline_ns - start)
 
-    def _show_slack(self, level: int, variant: str, idle: bool) -> None:
+    def _show_slack(self, level: int, variant: str) -> None:
         """The gauges of the two slacks (behind a queue; with nothing ahead), when they changed."""
         slacks = (self.boundary[level].slack_ns, self.idle_boundary[level].slack_ns)
         if slacks != self._slack_shown[level]:
