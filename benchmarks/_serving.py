@@ -264,6 +264,12 @@ def machine_busy_s() -> float:
     return (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_steal_s() -> float:
+    """CPU seconds the hypervisor gave this VM's CPUs to someone else since boot (/proc/stat's steal): the host's
+    other tenants, which no process in the VM sees."""
+    return int(Path("/proc/stat").read_text().splitlines()[0].split()[8]) / os.sysconf("SC_CLK_TCK")
+
+
 def own_cpu_s() -> float:
     t = os.times()
     return t.user + t.system
@@ -275,11 +281,13 @@ class ForeignCpu:
 
     A benchmark on a shared machine measures the machine as much as the server when another process takes a
     core from under it; a chunk measured while other processes used more than a small share is not a
-    measurement of the server and is rerun (``benchmarks/serve_overload.py``)."""
+    measurement of the server and is rerun (``benchmarks/serve_overload.py``). ``steal`` is the same for the
+    host's other tenants: the CPUs the hypervisor took from this VM meanwhile (/proc/stat's steal)."""
 
     def __init__(self, pids: Sequence[int] = ()) -> None:
         self.pids = tuple(pids)
         self.cpus: float = 0.0
+        self.steal: float = 0.0
         self.wall_s: float = 0.0
 
     def _ours(self) -> float:
@@ -291,22 +299,68 @@ class ForeignCpu:
 
     def __enter__(self) -> ForeignCpu:
         self._t0, self._busy0, self._ours0 = time.perf_counter(), machine_busy_s(), self._ours()
+        self._steal0 = machine_steal_s()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall_s = time.perf_counter() - self._t0
         foreign = (machine_busy_s() - self._busy0) - (self._ours() - self._ours0)
         self.cpus = max(0.0, foreign) / self.wall_s if self.wall_s > 0 else 0.0
+        self.steal = max(0.0, machine_steal_s() - self._steal0) / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def wait_quiet(pids: Sequence[int] = (), limit: float = 0.1, probe_s: float = 1.0, max_wait_s: float = 300.0) -> float:
-    """Wait until other processes than this one and ``pids`` use at most ``limit`` CPUs over ``probe_s``, at most
-    ``max_wait_s``; returns the seconds waited (0.0 when the machine was quiet at once)."""
+class StealTrace:
+    """The hypervisor's steal (ForeignCpu.steal) sampled every ``every_s`` on a daemon thread while a block runs,
+    so a run can say in which of its windows the host took CPUs from the VM, not only on average."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self.samples: list[tuple[float, float]] = []  # (seconds since the start, steal CPU-seconds since the start)
+        self._stop = threading.Event()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.samples.append((time.perf_counter() - self._t0, machine_steal_s() - self._s0))
+
+    def __enter__(self) -> StealTrace:
+        self._t0, self._s0 = time.perf_counter(), machine_steal_s()
+        self._thread = threading.Thread(target=self._run, name="steal-trace", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append((time.perf_counter() - self._t0, machine_steal_s() - self._s0))
+
+    def per_window(self, window_s: float) -> list[float]:
+        """Steal in CPUs (stolen CPU-seconds / wall seconds) per ``window_s`` window from the start."""
+        out: list[float] = []
+        prev_t, prev_v = 0.0, 0.0
+        edge = window_s
+        for t, v in self.samples:
+            if t >= edge - 1e-9:
+                out.append((v - prev_v) / (t - prev_t) if t > prev_t else 0.0)
+                prev_t, prev_v, edge = t, v, edge + window_s
+        if self.samples and self.samples[-1][0] >= prev_t + 0.5 * window_s:  # a last partial window, if long enough
+            t, v = self.samples[-1]
+            out.append((v - prev_v) / (t - prev_t))
+        return out
+
+
+def wait_quiet(
+    pids: Sequence[int] = (), limit: float = 0.1, probe_s: float = 1.0, max_wait_s: float = 300.0,
+    steal_limit: float | None = None,
+) -> float:  # fmt: skip
+    """Wait until other processes than this one and ``pids`` use at most ``limit`` CPUs over ``probe_s`` (and,
+    with ``steal_limit``, the host steals at most that many CPUs from the VM), at most ``max_wait_s``; returns the
+    seconds waited (0.0 when the machine was quiet at once)."""
     t0 = time.perf_counter()
     while True:
         with ForeignCpu(pids) as fc:
             time.sleep(probe_s)
-        if fc.cpus <= limit or time.perf_counter() - t0 >= max_wait_s:
+        quiet = fc.cpus <= limit and (steal_limit is None or fc.steal <= steal_limit)
+        if quiet or time.perf_counter() - t0 >= max_wait_s:
             return time.perf_counter() - t0 - probe_s
 
 

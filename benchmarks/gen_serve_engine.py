@@ -8,9 +8,9 @@ into the batch) before every step, which is what per-sequence caches would pay.
 
 Chunked prefill: 4 short chats decode (80 tokens each, EOS ignored) while the longest shipped prompt (~550
 tokens) joins every 16 steps (``--joins`` times); printed: the running sequences' ITL p50 / p99 (nearest rank) /
-max and the long prompt's median TTFT, for three prefill policies: none (the whole prompt in one step), a fixed
-128-token chunk a step, and the served one (``serve --model gen``: the budget tied to the TPOT objective,
-genserve/budget.py).
+max and the long prompt's median TTFT, for the prefill policies: none (the whole prompt in one step), a fixed
+128-token chunk a step, the budget tied to the TPOT objective (genserve/budget.py), and that budget with a cap on
+each step's length (``--itl-caps``, SchedulerConfig.itl_cap_s).
 
     /tmp/lbench .venv/bin/python benchmarks/gen_serve_engine.py [--steps 16] [--threads 2] [--batches 1,4,8]
 """
@@ -28,6 +28,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batches", default="1,4,8")
     ap.add_argument("--joins", type=int, default=4, help="chunked prefill: how often the long prompt joins")
+    ap.add_argument(
+        "--itl-caps", default="0.25", type=lambda v: [float(x) for x in v.split(",") if x],
+        help="chunked prefill: the TPOT-tied budget again with each of these ITL caps, s (SchedulerConfig.itl_cap_s)",
+    )  # fmt: skip
     args = ap.parse_args()
     import torch
 
@@ -66,7 +70,7 @@ def main() -> None:
     long_prompt = max((chat_ids(lm.tokenizer, messages_of(p)) for p in builtin_prompts()), key=len)
     joins = args.joins
     print(f"\nchunked prefill: 4 decoding (80 tokens each) while a {len(long_prompt)}-token prompt joins {joins} times")
-    print(f"{'policy':>22} {'ITL p50 ms':>11} {'ITL p99 ms':>11} {'ITL max ms':>11} {'gaps':>5} {'long TTFT ms':>13}")
+    print(f"{'policy':>28} {'ITL p50 ms':>11} {'ITL p99 ms':>11} {'ITL max ms':>11} {'gaps':>5} {'long TTFT ms':>13}")
     from latencylab.genserve.service import GenServeConfig
 
     tpot_slo = GenServeConfig().tpot_slo_s
@@ -74,6 +78,10 @@ def main() -> None:
         ("whole prompt (none)", SchedulerConfig(max_num_seqs=8, prefill_chunk_tokens=4096)),
         ("fixed 128 tokens", SchedulerConfig(max_num_seqs=8, prefill_chunk_tokens=128)),
         (f"TPOT-tied ({tpot_slo * 1e3:g} ms)", SchedulerConfig(max_num_seqs=8, tpot_slo_s=tpot_slo)),
+        *(
+            (f"TPOT-tied + ITL cap {cap * 1e3:g}", SchedulerConfig(max_num_seqs=8, tpot_slo_s=tpot_slo, itl_cap_s=cap))
+            for cap in args.itl_caps
+        ),
     )
     for name, cfg in policies:
         eng = TorchEngine(lm.model)
@@ -90,7 +98,7 @@ def main() -> None:
         ttft = statistics.median(((x.first_token_ns or 0) - x.arrival_ns) / 1e6 for x in longs)
         p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
         print(
-            f"{name:>22} {statistics.median(gaps):>11.1f} {p99:>11.1f} {gaps[-1]:>11.1f} {len(gaps):>5} {ttft:>13.1f}"
+            f"{name:>28} {statistics.median(gaps):>11.1f} {p99:>11.1f} {gaps[-1]:>11.1f} {len(gaps):>5} {ttft:>13.1f}"
         )
 
 

@@ -112,3 +112,48 @@ def test_an_error_after_admission_is_a_miss_of_the_admitted() -> None:
     checks = dict(so._overload_checks(run, 2.0, 30.0, 17.5))
     window_check = next(k for k in checks if "window" in k)
     assert not checks[window_check] and "(worst 300.00 ms)" in window_check
+
+
+def test_the_capacity_in_units_of_the_step_s_own_preprocess_speed(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each step carries the server's preprocess ms a request over its valid chunks (weighted by requests); the
+    report normalises each run's capacity by the reading of its capacity step, not of a light-load probe."""
+    chunks = [
+        {"valid": True, "rate": 300.0, "requests": 100, "ok": 100, "preprocess_ms": 1.0, "server_cpu_s": 0.2},
+        {"valid": True, "rate": 300.0, "requests": 300, "ok": 300, "preprocess_ms": 2.0, "server_cpu_s": 0.6},
+        {"valid": False, "rate": 300.0, "requests": 900, "ok": 900, "preprocess_ms": 9.0, "server_cpu_s": 9.0},
+    ]
+    speed = so.step_speed(chunks)
+    assert speed["server_preprocess_ms"] == pytest.approx(1.75)  # (100 x 1 + 300 x 2) / 400; the stolen chunk out
+    assert speed["server_cpu_ms_per_ok"] == pytest.approx(2.0)
+    assert so.step_speed([]) == {"server_preprocess_ms": None, "server_cpu_ms_per_ok": None}
+    runs = [_run(150, [29, 28], 150), _run(200, [29, 29], 190), _run(240, [29, 28], 230)]
+    for r, ms in zip(runs, (4.0, 3.0, 2.5), strict=True):
+        r["capacity"]["steps"] = [
+            {"offered_rate": r["capacity"]["capacity_rate"] * 2, "server_preprocess_ms": 99.0},
+            {"offered_rate": r["capacity"]["capacity_rate"], "server_preprocess_ms": ms},
+        ]
+    out: dict[str, Any] = {}
+    so.report(out, runs, 30.0)
+    text = capsys.readouterr().out
+    assert "capacity x that: 0.600, 0.600, 0.600, spread +/-0.0%" in text
+    assert out["preprocess_normalised_capacity_spread"]["preprocess_ms"] == [4.0, 3.0, 2.5]
+    assert "FAIL  capacities agree within +/-10% (+/-25.0%)" in text  # the raw verdict stays
+
+
+def test_steal_is_read_per_window_and_shown_with_the_tries_not_judged(capsys: pytest.CaptureFixture[str]) -> None:
+    from _serving import StealTrace, machine_steal_s
+
+    assert machine_steal_s() >= 0.0
+    st = StealTrace()
+    # (seconds since the start, stolen CPU-seconds since the start), sampled every second
+    st.samples = [(float(t), 0.0 if t <= 10 else 0.5 * (t - 10)) for t in range(1, 26)]
+    assert st.per_window(10.0) == pytest.approx([0.0, 0.5, 0.5])  # the last window: 5 s of 10, kept
+    st.samples = st.samples[:22]  # 2 s into the third window: too short to report
+    assert st.per_window(10.0) == pytest.approx([0.0, 0.5])
+    with StealTrace(every_s=0.05) as live:
+        pass
+    assert live.samples and all(v >= 0 for _, v in live.samples)
+    r = _run(200, [29, 28, 29], 190)
+    r["latencylab"].update(foreign_cpu=0.01, steal_per_window=[0.02, 0.3], discarded_tries=[{"ok": 1}])
+    so.report({}, [r], 30.0)
+    assert "| 0.01 / 0.30 (1 tries not judged) |" in capsys.readouterr().out

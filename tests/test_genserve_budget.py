@@ -211,3 +211,50 @@ def test_the_tpot_margin_moves_the_plan_down_only_when_replies_run_over_it() -> 
     exact, _ = run(False, tpot_max_scale=1.5)
     assert off.budget is not None and exact.budget is not None
     assert off.budget.target_s == exact.budget.target_s == pytest.approx(0.9 * TPOT_SLO)
+
+
+def gaps_s(seq: Seq) -> list[float]:
+    return [(b - a) / S for a, b in zip(seq.token_ns, seq.token_ns[1:], strict=False)]
+
+
+def test_an_itl_cap_bounds_each_step_where_the_tpot_budget_alone_spends_the_slack_in_one_gap() -> None:
+    costs = StepCosts()
+    costs.fit_prefill([(8, 0.010 + 8 * 0.004), (128, 0.010 + 128 * 0.004)])
+    capped = PrefillBudget(0.2, min_tokens=16, max_tokens=1024, max_step_s=0.25)
+    assert capped.tokens([], 0.1, 0.15, costs) == 1024  # nothing decoding: no gap to bound
+    # plenty of TPOT slack, but this step's decode is 100 ms: (0.25 - 0.1 - 0.01) / 0.004 = 35 tokens
+    assert capped.tokens([(10.0, 40)], 0.1, 0.15, costs) == 35
+    assert capped.tokens([(10.0, 40)], 0.3, 0.15, costs) == 16  # decode alone past the cap: the floor
+    with pytest.raises(ValueError):
+        PrefillBudget(0.2, max_step_s=0.0)
+    with pytest.raises(ValueError):
+        SchedulerConfig(tpot_slo_s=0.25, itl_cap_s=-1.0)
+    results = {}
+    for cap in (None, 0.25):
+        s, eng, _clock = make(itl_cap_s=cap)  # type: ignore[arg-type]
+        a = s.submit(req(40, 48))
+        while len(a.tokens) < 20:
+            s.step()
+        b = s.submit(req(553, 48))
+        ttft = first_token_delivered(s, b) - b.arrival_ns
+        while s.step() is not None:
+            pass
+        results[cap] = (max(gaps_s(a)), len(prefills_of(eng, b)), ttft, tpot_s(a))
+    (gap_off, n_off, ttft_off, tpot_off), (gap_on, n_on, ttft_on, tpot_on) = results[None], results[0.25]
+    assert gap_off > 2.0 and n_off == 1  # the whole prompt in one step: a 2.4-s gap in a's stream
+    # capped: a's decode (68 ms) + at most 182 ms of prefill (10 ms + 40 tokens) a step
+    assert gap_on <= 0.25 + 1e-9 and n_on == math.ceil(553 / 40)
+    assert ttft_on > ttft_off  # the price: the long prompt's first token later
+    assert tpot_on <= tpot_off <= 0.9 * TPOT_SLO
+
+
+def test_the_forecast_replays_the_itl_capped_budget_exactly() -> None:
+    s, _eng, clock = make(itl_cap_s=0.2)  # type: ignore[arg-type]
+    first = [s.submit(req(40, 48)) for _ in range(3)]
+    while any(q.state != "decode" for q in first):
+        s.step()
+    s.submit(req(553, 48))
+    now = clock.now_ns
+    forecast = s.predicted_ttft_s(req(228, 32))
+    new = s.submit(req(228, 32))
+    assert (first_token_delivered(s, new) - now) / S == pytest.approx(forecast, abs=1e-9)

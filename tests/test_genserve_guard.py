@@ -92,6 +92,8 @@ def test_serve_ladder_flag_is_checked_before_the_model_loads() -> None:
         "fp32", "int8", "capped", "cache",
     )  # fmt: skip
     assert config_from_args(argparse.Namespace()).ladder == ("fp32",)  # no flag: one rung, no guard
+    assert config_from_args(argparse.Namespace()).sched.itl_cap_s is None
+    assert config_from_args(argparse.Namespace(itl_cap_ms=250.0)).sched.itl_cap_s == 0.25
     with pytest.raises(LatencyLabError, match="unknown ladder rung 'bf16'"):
         config_from_args(argparse.Namespace(ladder="fp32,bf16"))
 

@@ -141,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         "native BF16; changes the numbers: docs/genserve.md), auto = bf16 where native (default fp32)",
     )
     sv.add_argument(
+        "--itl-cap-ms",
+        type=positive_float,
+        help="--model gen: plan every step with running streams to at most this long, so a prompt joining is "
+        "prefilled in chunks that keep each inter-token gap near it (costs that prompt's TTFT; docs/genserve.md; "
+        "default off: the TPOT-tied budget alone)",
+    )
+    sv.add_argument(
         "--trust-request-start",
         action=argparse.BooleanOptionalAction,
         default=None,

@@ -23,6 +23,13 @@ costs per forward and no decode steps in between, the lowest TTFT a lone request
 the running sequences have slack and a new prompt goes in in large chunks (prefill first); under overload,
 with the batch's decode step near the objective, it goes in small ones and the TPOT of the batch holds.
 
+**Per gap, too** (``max_step_s``, the scheduler's ``itl_cap_s``). TPOT is a mean, so the rule above lets slack
+saved over cheap steps be spent in one long one: a reply's TPOT holds while one of its gaps (ITL) is several
+objectives long (session 19: ITL p99 731 ms at a 250-ms TPOT objective, worse than fixed 128-token chunks). With
+``max_step_s`` set, a step with decoders also prefills at most ``max_step_s - d``: every gap it makes stays near
+the cap (the floor ``min_tokens`` still moves every prompt). That is Sarathi-Serve's token budget derived from
+the time-between-tokens objective; it costs a long prompt more chunks, hence a later first token.
+
 Admission replays the same rule (genserve/forecast.py), so a TTFT forecast counts the smaller chunks.
 """
 
@@ -39,15 +46,19 @@ __all__ = ["PrefillBudget"]
 
 @dataclass(frozen=True, slots=True)
 class PrefillBudget:
-    """``target_s``: the TPOT a step plans for (a fraction of the objective); token bounds of a step's prefill."""
+    """``target_s``: the TPOT a step plans for (a fraction of the objective); token bounds of a step's prefill;
+    ``max_step_s``: the longest a step with decoders is planned to run (their gap, ITL), or None."""
 
     target_s: float
     min_tokens: int = 16
     max_tokens: int = 1024
+    max_step_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.target_s <= 0:
             raise ValueError(f"target_s must be > 0, got {self.target_s}")
+        if self.max_step_s is not None and self.max_step_s <= 0:
+            raise ValueError(f"max_step_s must be > 0, got {self.max_step_s}")
         if not 1 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {self.min_tokens}, {self.max_tokens}")
 
@@ -67,6 +78,8 @@ class PrefillBudget:
         allowed = min((self.max_prefill_s(sl, m, decode_s, full_decode_s) for sl, m in decoders), default=math.inf)
         if allowed == math.inf:
             return self.max_tokens
+        if self.max_step_s is not None:  # per gap: this step's decode plus its prefill within the cap
+            allowed = min(allowed, self.max_step_s - decode_s)
         per = costs.prefill_per_token_s
         if not per:
             return self.min_tokens

@@ -84,6 +84,9 @@ class SchedulerConfig:
     # grows only while its decode step fits (genserve/budget.py); None: a fixed prefill_chunk_tokens a step
     tpot_slo_s: float | None = None
     tpot_target_fraction: float = 0.9  # steps plan for this fraction of the TPOT objective
+    # with tpot_slo_s: the longest gap (ITL) a step with decoders is planned to make (its decode + prefill);
+    # None: only the TPOT plan bounds a step, and slack saved over cheap steps may go into one long gap
+    itl_cap_s: float | None = None
     min_prefill_tokens: int = 16  # with tpot_slo_s: a step's prefill budget, at least (every prompt moves)
     max_prefill_tokens: int = 1024  # with tpot_slo_s: at most (and with nothing decoding: a prompt in one forward)
     # with tpot_slo_s: the TPOT margin. Steps plan for the target divided by the recent error of that plan (the
@@ -109,6 +112,8 @@ class SchedulerConfig:
             raise ValueError(f"forecast_quantile must be in (0, 1], got {self.forecast_quantile}")
         if self.tpot_slo_s is not None and self.tpot_slo_s <= 0:
             raise ValueError(f"tpot_slo_s must be > 0, got {self.tpot_slo_s}")
+        if self.itl_cap_s is not None and self.itl_cap_s <= 0:
+            raise ValueError(f"itl_cap_s must be > 0, got {self.itl_cap_s}")
         if not 0 < self.tpot_target_fraction <= 1:
             raise ValueError(f"tpot_target_fraction must be in (0, 1], got {self.tpot_target_fraction}")
         if self.tpot_max_scale < 1 or not 0 < self.tpot_quantile <= 1:
@@ -126,8 +131,9 @@ class SchedulerConfig:
         if self.tpot_slo_s is None:
             return None
         return PrefillBudget(
-            self.tpot_slo_s * self.tpot_target_fraction, self.min_prefill_tokens, self.max_prefill_tokens
-        )
+            self.tpot_slo_s * self.tpot_target_fraction, self.min_prefill_tokens, self.max_prefill_tokens,
+            self.itl_cap_s,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

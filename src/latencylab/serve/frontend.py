@@ -97,6 +97,8 @@ def run_serve_command(args: argparse.Namespace) -> int:
         return run_gen_serve(args)
     if getattr(args, "prefill_dtype", None):
         raise LatencyLabError("--prefill-dtype is for --model gen (a generative model's prompt forward)")
+    if getattr(args, "itl_cap_ms", None):
+        raise LatencyLabError("--itl-cap-ms is for --model gen (a generative model's decode steps)")
     from latencylab.serve.app import build_state, run_server
 
     cfg = config_from_args(args)
