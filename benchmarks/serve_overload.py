@@ -64,6 +64,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +247,27 @@ def step_speed(chunks: list[dict[str, Any]]) -> dict[str, Any]:
         "server_preprocess_ms": sum(ms * n for ms, n in pre) / n_pre if n_pre else None,
         "server_cpu_ms_per_ok": 1e3 * sum(c["server_cpu_s"] for c in chunks) / ok if ok else None,
     }
+
+
+def judge_unstolen(
+    run: Callable[[], dict[str, Any]], label: str, retries: int, cooldown_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:  # fmt: skip
+    """An overload run (``run()``), run again at most ``retries`` times while the host took more than STEAL_LIMIT
+    CPU from the VM in one of its 10-s windows (``steal_per_window``); the last try is judged whatever its steal,
+    and the ones before it are kept under ``discarded_tries`` (reported, never dropped)."""
+    tries: list[dict[str, Any]] = []
+    while True:
+        m = run()
+        stolen = max(m.get("steal_per_window") or [], default=0.0)
+        m["steal_over_limit"] = stolen > STEAL_LIMIT
+        if not m["steal_over_limit"] or len(tries) >= retries:
+            m["discarded_tries"] = tries
+            return m
+        print(f"  {label}: not judged: the host took {stolen:.2f} CPU from the VM in one 10-s window "
+              f"(> {STEAL_LIMIT:g}); run again after {cooldown_s:g} s")  # fmt: skip
+        tries.append({k: m.get(k) for k in DISCARDED_KEYS})
+        sleep(cooldown_s)
 
 
 def summarise(label: str, res: LoadResult, rec: Records, slo_ms: float, duration_s: float) -> dict[str, Any]:
@@ -608,20 +630,7 @@ def one_run(
                 out["latencylab_at_capacity"] = measure("latencylab @ capacity", cap_rate, args.at_capacity_s)
 
             def judged(label: str, r: float, duration_s: float) -> dict[str, Any]:
-                """An overload run, run again (at most --steal-retries times) while the host took more than
-                STEAL_LIMIT CPU from the VM in one of its windows; every try is kept and reported."""
-                tries: list[dict[str, Any]] = []
-                while True:
-                    m = measure(label, r, duration_s)
-                    stolen = max(m["steal_per_window"], default=0.0)
-                    m["steal_over_limit"] = stolen > STEAL_LIMIT
-                    if not m["steal_over_limit"] or len(tries) >= args.steal_retries:
-                        m["discarded_tries"] = tries
-                        return m
-                    print(f"  {label}: not judged: the host took {stolen:.2f} CPU from the VM in one 10-s window "
-                          f"(> {STEAL_LIMIT:g}); run again after {args.cooldown:g} s")  # fmt: skip
-                    tries.append({k: m.get(k) for k in DISCARDED_KEYS})
-                    time.sleep(args.cooldown)
+                return judge_unstolen(lambda: measure(label, r, duration_s), label, args.steal_retries, args.cooldown)
 
             print(f"overload: Poisson {rate:.1f}/s ({args.factor:g} x {cap_rate:.1f}) for {args.duration:g} s")
             ll = judged("latencylab", rate, args.duration)
@@ -825,9 +834,12 @@ def report(out: dict[str, Any], runs: list[dict[str, Any]], slo_ms: float) -> No
                 f"{fmt(e['worst_window_p99_ms'], '.2f')} ms, goodput {e['goodput_fraction']:.0%} of capacity"
             )
         gf = [r["goodput_fraction"] for r in done]
-        print(f"p99 of admitted (whole run) {min(p99):.2f}-{max(p99):.2f} ms; worst 10-s window after the first "
-              f"{min(worst):.2f}-{max(worst):.2f} ms (SLO {slo_ms:g}); "
-              f"goodput {min(gf):.0%}-{max(gf):.0%} of capacity")  # fmt: skip
+
+        def span(v: list[float]) -> str:  # a run shorter than two windows has no window after the first
+            return f"{min(v):.2f}-{max(v):.2f}" if v else "-"
+
+        print(f"p99 of admitted (whole run) {span(p99)} ms; worst 10-s window after the first {span(worst)} ms "
+              f"(SLO {slo_ms:g}); goodput {min(gf):.0%}-{max(gf):.0%} of capacity")  # fmt: skip
     per_run = [all(c["passed"] for c in r["checks"]) for r in runs]
     reproducible = spread is not None and (len(caps) < 2 or spread <= 0.10)
     print(f"{'PASS' if all(per_run) else 'FAIL'}  every claim in every run ({sum(per_run)} of {len(runs)} runs pass)")

@@ -157,3 +157,35 @@ def test_steal_is_read_per_window_and_shown_with_the_tries_not_judged(capsys: py
     r["latencylab"].update(foreign_cpu=0.01, steal_per_window=[0.02, 0.3], discarded_tries=[{"ok": 1}])
     so.report({}, [r], 30.0)
     assert "| 0.01 / 0.30 (1 tries not judged) |" in capsys.readouterr().out
+
+
+def test_an_overload_run_the_host_stole_from_is_run_again_and_every_try_is_kept(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A 10-s window over STEAL_LIMIT -> run again after the cooldown, at most `retries` times; the last try is judged
+    whatever its steal; the tries before it are kept (their figures), never dropped."""
+    stolen, quiet = [0.02, so.STEAL_LIMIT + 0.01, 0.0], [0.02, so.STEAL_LIMIT, 0.0]  # the limit itself passes
+    for plan, retries, n_runs, over in (
+        ([quiet], 2, 1, False),
+        ([stolen, stolen, quiet], 2, 3, False),
+        ([stolen, stolen, stolen, quiet], 2, 3, True),  # out of retries: the third is judged, flagged
+        ([stolen, quiet], 0, 1, True),
+    ):
+        tries = iter(enumerate(plan, start=1))
+        slept: list[float] = []
+        m = so.judge_unstolen(
+            lambda it=tries: dict(zip(("ok", "steal_per_window"), next(it), strict=True)),
+            "latencylab", retries, 8.0, sleep=slept.append,
+        )  # fmt: skip
+        assert slept == [8.0] * (n_runs - 1)
+        assert m["ok"] == n_runs and m["steal_over_limit"] is over
+        assert [t["ok"] for t in m["discarded_tries"]] == list(range(1, n_runs))
+    assert "latencylab: not judged: the host took 0.11 CPU from the VM in one 10-s window" in capsys.readouterr().out
+
+
+def test_a_run_of_one_window_is_reported_without_a_worst_window(capsys: pytest.CaptureFixture[str]) -> None:
+    r = _run(200, [29, 28], 190)
+    r["latencylab"]["windows"] = r["latencylab"]["windows"][:1]
+    r["worst_window_p99_ms"] = None
+    so.report({}, [r], 30.0)
+    assert "worst 10-s window after the first - ms (SLO 30)" in capsys.readouterr().out
