@@ -204,10 +204,9 @@ def capacity_search(
         time.sleep(0.3)  # let the server drain before the next chunk
         stages = (res.server or {}).get("server_stages_mean_ms") or {}
         chunks.append({
-            "valid": fc.cpus <= FOREIGN_CPU_LIMIT and fc.steal <= STEAL_LIMIT, "steal_cpu": fc.steal,
+            "valid": fc.cpus <= FOREIGN_CPU_LIMIT and fc.steal <= STEAL_LIMIT,
             "rate": rate, "requests": int((res.server or {}).get("server_requests") or 0), "ok": int(res.summary["ok"]),
-            "preprocess_ms": stages.get("preprocess"), "compute_ms": stages.get("compute"),
-            "server_cpu_s": proc_cpu_s(server_pid) - cpu0,
+            "preprocess_ms": stages.get("preprocess"), "server_cpu_s": proc_cpu_s(server_pid) - cpu0,
         })  # fmt: skip
         seg = Segment.from_run(rate, res, rec)
         if fc.cpus > FOREIGN_CPU_LIMIT or fc.steal > STEAL_LIMIT:  # rerun by the search (invalid_retries), not judged
@@ -218,21 +217,20 @@ def capacity_search(
         return seg
 
     def on_step(s: dict[str, Any]) -> None:
-        speed = step_speed([c for c in chunks if c["rate"] == s["offered_rate"]])
+        # the step's speed readings, into the step itself (the dict the search keeps in Capacity.steps)
+        s.update(step_speed([c for c in chunks if c["rate"] == s["offered_rate"]]))
         print(
             f"  offered {s['offered_rate']:7.1f}/s  goodput {fmt(s.get('goodput'))}/s  "
             f"p99 {fmt(s.get('p99_ms'), '.2f')} ms  sent {s.get('sent')}  {s['chunks']} chunks "
-            f"(server: preprocess {fmt(speed['server_preprocess_ms'], '.3f')} ms a request, "
-            f"CPU {fmt(speed['server_cpu_ms_per_ok'], '.2f')} ms an ok)  "
+            f"(server: preprocess {fmt(s['server_preprocess_ms'], '.3f')} ms a request, "
+            f"CPU {fmt(s['server_cpu_ms_per_ok'], '.2f')} ms an ok)  "
             f"({s['late_chunks_kept']} late kept, {s['invalid_chunks']} rerun)  "
             f"{s['verdict']}{'' if s['passed'] else ' (FAIL)'}: {s['why']}",
             flush=True,
         )
 
-    cap = search_capacity(measure, slo, cfg, seed=seed, on_step=on_step)
-    for step in cap.steps:  # each rate is one step (the start rate's discarded warm-up run counts in with it)
-        step.update(step_speed([c for c in chunks if c["rate"] == step["offered_rate"]]))
-    return cap
+    # each rate is one step (the start rate's discarded warm-up run counts in with it)
+    return search_capacity(measure, slo, cfg, seed=seed, on_step=on_step)
 
 
 def step_speed(chunks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ports import HOST, free_ports
+from servers import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 MLSERVER_VENV = ROOT / "benchmarks" / ".venvs" / "mlserver"
@@ -232,9 +233,4 @@ def serving(
                 time.sleep(0.5)
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, 15.0)

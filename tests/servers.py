@@ -30,12 +30,17 @@ def module_server(module: str, *args: str) -> Iterator[str]:
             raise RuntimeError(f"{module} did not start: {line} {proc.stderr.read() if proc.stderr else ''}")
         yield line.split(" ", 1)[1]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 10.0)
+
+
+def stop(proc: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM, up to ``grace_s`` to exit, then SIGKILL; the process is reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def reference_server(*args: str) -> AbstractContextManager[str]:
