@@ -12,6 +12,11 @@ max and the long prompt's median TTFT, for the prefill policies: none (the whole
 128-token chunk a step, the budget tied to the TPOT objective (genserve/budget.py), and that budget with a cap on
 each step's length (``--itl-caps``, SchedulerConfig.itl_cap_s).
 
+Engines (``--engines``): ``padded`` (genserve/engine.py, as above: a chunk and the decode batch each their own
+forward) and ``packed`` (genserve/packed.py: a step's chunks and decode tokens in one forward, a static K/V buffer
+per sequence); the decode table gets the packed engine's step beside the padded one's, and every chunked-prefill
+policy runs on each engine, same prompts, same order, interleaved policy by policy.
+
     /tmp/lbench .venv/bin/python benchmarks/gen_serve_engine.py [--steps 16] [--threads 2] [--batches 1,4,8]
 """
 
@@ -29,6 +34,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,8")
     ap.add_argument("--joins", type=int, default=4, help="chunked prefill: how often the long prompt joins")
     ap.add_argument(
+        "--engines", default="padded,packed", help="padded (genserve/engine.py), packed (genserve/packed.py)"
+    )
+    ap.add_argument(
         "--itl-caps", default="0.25", type=lambda v: [float(x) for x in v.split(",") if x],
         help="chunked prefill: the TPOT-tied budget again with each of these ITL caps, s (SchedulerConfig.itl_cap_s)",
     )  # fmt: skip
@@ -37,6 +45,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from latencylab.genserve.engine import TorchEngine
+    from latencylab.genserve.packed import PackedEngine
     from latencylab.genserve.scheduler import GenRequest, Scheduler, SchedulerConfig
     from latencylab.workloads.gen import chat_ids, messages_of
     from latencylab.workloads.gen_model import load_model
@@ -45,32 +54,47 @@ def main() -> None:
     lm = load_model()
     prompts = [chat_ids(lm.tokenizer, messages_of(p)) for p in builtin_prompts()[:8]]
     print(f"prompts: {[len(p) for p in prompts]} tokens; {args.steps} decode steps timed per batch size")
-    print(f"{'batch':>5} {'shared ms/step':>15} {'concat/step ms':>15} {'tokens/s (shared)':>18}")
+    engines = [e for e in args.engines.split(",") if e]
+    if not set(engines) <= {"padded", "packed"}:
+        raise SystemExit(f"--engines {args.engines}: choose from padded, packed")
+    make = {"padded": TorchEngine, "packed": PackedEngine}
+    print(
+        f"{'batch':>5} {'padded ms/step':>15} {'padded concat/step':>19} {'packed ms/step':>15} "
+        f"{'tokens/s padded':>16} {'tokens/s packed':>16}"
+    )
     for b in (int(x) for x in args.batches.split(",")):
-        rows = []
-        for force in (False, True):
-            eng = TorchEngine(lm.model)
+        rows = {}
+        for kind in ("padded", "concat", "packed"):
+            if ("packed" if kind == "packed" else "padded") not in engines:
+                rows[kind] = float("nan")
+                continue
+            eng = make["packed" if kind == "packed" else "padded"](lm.model)
             sched = Scheduler(eng, SchedulerConfig(max_num_seqs=b, prefill_chunk_tokens=4096))
             seqs = [sched.submit(GenRequest(tuple(prompts[i % len(prompts)]), args.steps + 4)) for i in range(b)]
             sched.step()  # prefills every prompt (the chunk budget takes them all)
-            eng.decode(seqs)  # joins the batch (the one re-pack a batch needs)
-            for s, t in zip(seqs, [0] * b, strict=True):
-                s.tokens.append(t)
+            for s in seqs:
+                s.tokens = s.tokens[-1:]
             times = []
-            for _ in range(args.steps):
-                if force:
+            for _ in range(args.steps + 1):
+                if kind == "concat":
                     eng._rows = [*eng._rows, -1]  # the next decode re-packs, as per-sequence caches would each step
                 t0 = time.perf_counter()
                 out = eng.decode(seqs)
                 times.append(time.perf_counter() - t0)
                 for s, t in zip(seqs, out, strict=True):
                     s.tokens.append(t)
-            rows.append(statistics.median(times))
-        print(f"{b:>5} {rows[0] * 1e3:>15.1f} {rows[1] * 1e3:>15.1f} {b / rows[0]:>18.1f}")
+            rows[kind] = statistics.median(times[1:])  # the first decode joins the batch (padded: its one re-pack)
+        print(
+            f"{b:>5} {rows['padded'] * 1e3:>15.1f} {rows['concat'] * 1e3:>19.1f} {rows['packed'] * 1e3:>15.1f} "
+            f"{b / rows['padded']:>16.1f} {b / rows['packed']:>16.1f}"
+        )
     long_prompt = max((chat_ids(lm.tokenizer, messages_of(p)) for p in builtin_prompts()), key=len)
     joins = args.joins
     print(f"\nchunked prefill: 4 decoding (80 tokens each) while a {len(long_prompt)}-token prompt joins {joins} times")
-    print(f"{'policy':>28} {'ITL p50 ms':>11} {'ITL p99 ms':>11} {'ITL max ms':>11} {'gaps':>5} {'long TTFT ms':>13}")
+    print(
+        f"{'engine':>6} {'policy':>28} {'ITL p50 ms':>11} {'ITL p99 ms':>11} {'ITL max ms':>11} {'gaps':>5} "
+        f"{'long TTFT ms':>13}"
+    )
     from latencylab.genserve.service import GenServeConfig
 
     tpot_slo = GenServeConfig().tpot_slo_s
@@ -84,22 +108,24 @@ def main() -> None:
         ),
     )
     for name, cfg in policies:
-        eng = TorchEngine(lm.model)
-        sched = Scheduler(eng, cfg)
-        short = [sched.submit(GenRequest(tuple(prompts[i]), 80)) for i in range(4)]
-        for _ in range(6):
-            sched.step()
-        longs, steps = [], 0
-        while sched.step() is not None:  # a long prompt joins every 16 steps, `joins` times
-            steps += 1
-            if steps % 16 == 1 and len(longs) < joins:
-                longs.append(sched.submit(GenRequest(tuple(long_prompt), 4)))
-        gaps = sorted((b - a) / 1e6 for s in short for a, b in zip(s.token_ns[5:], s.token_ns[6:], strict=False))
-        ttft = statistics.median(((x.first_token_ns or 0) - x.arrival_ns) / 1e6 for x in longs)
-        p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
-        print(
-            f"{name:>28} {statistics.median(gaps):>11.1f} {p99:>11.1f} {gaps[-1]:>11.1f} {len(gaps):>5} {ttft:>13.1f}"
-        )
+        for kind in engines:
+            eng = make[kind](lm.model)
+            sched = Scheduler(eng, cfg)
+            short = [sched.submit(GenRequest(tuple(prompts[i]), 80)) for i in range(4)]
+            for _ in range(6):
+                sched.step()
+            longs, steps = [], 0
+            while sched.step() is not None:  # a long prompt joins every 16 steps, `joins` times
+                steps += 1
+                if steps % 16 == 1 and len(longs) < joins:
+                    longs.append(sched.submit(GenRequest(tuple(long_prompt), 4)))
+            gaps = sorted((b - a) / 1e6 for s in short for a, b in zip(s.token_ns[5:], s.token_ns[6:], strict=False))
+            ttft = statistics.median(((x.first_token_ns or 0) - x.arrival_ns) / 1e6 for x in longs)
+            p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
+            print(
+                f"{kind:>6} {name:>28} {statistics.median(gaps):>11.1f} {p99:>11.1f} {gaps[-1]:>11.1f} {len(gaps):>5} "
+                f"{ttft:>13.1f}"
+            )
 
 
 if __name__ == "__main__":

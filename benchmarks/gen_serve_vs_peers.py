@@ -88,8 +88,12 @@ from _serving import (
     session_cpu_s,
 )
 
-SERVERS = ("naive", "static", "latencylab", "llamacpp", "llamacpp-server", "transformers-serve")
-DEFAULT_ONLY = SERVERS
+# latencylab's variants (each its own document under --out, named only with --only): -packed serves with
+# --gen-engine packed (a step's chunks and decode batch in one forward, genserve/packed.py), -bf16p with the
+# prompt's forward in BF16 (genserve/prefill.py)
+VARIANTS = ("latencylab-packed", "latencylab-bf16p")
+DEFAULT_ONLY = ("naive", "static", "latencylab", "llamacpp", "llamacpp-server", "transformers-serve")
+SERVERS = (*DEFAULT_ONLY, *VARIANTS)
 SERVER_CPU, CLIENT_CPU = 1, 0
 LLAMACPP_VENV = ROOT / "benchmarks" / ".venvs" / "llamacpp"
 LLAMA_SERVER = ROOT / "benchmarks" / ".venvs" / "llamacpp-server" / "bin" / "llama-server"
@@ -103,6 +107,8 @@ START = {
     "naive": 0.1,
     "static": 0.1,
     "latencylab": 0.2,
+    "latencylab-packed": 0.2,
+    "latencylab-bf16p": 0.2,
     "llamacpp": 0.2,
     "llamacpp-server": 0.2,
     "transformers-serve": 0.1,
@@ -342,11 +348,13 @@ def start_server(name: str, cfg: Config, workdir: Path) -> tuple[Running, str] |
     workdir.mkdir(parents=True, exist_ok=True)
     model = "smollm2"
     ready = f"{url}/v1/models"
-    if name in ("latencylab", "latencylab-bf16p"):
+    if name in ("latencylab", *VARIANTS):
         cmd = [PY, "-m", "latencylab", "serve", "--model", "gen", "--host", HOST, "--port", str(port), "--threads",
                "1", "--max-batch-size", "8", "--slo-ms", str(int(cfg.ttft_slo_s * 1000))]  # fmt: skip
         if name == "latencylab-bf16p":  # the prompt's forward in BF16, decode FP32 (genserve/prefill.py)
             cmd += ["--prefill-dtype", "bf16"]
+        if name == "latencylab-packed":  # a step's chunks and decode batch in one forward (genserve/packed.py)
+            cmd += ["--gen-engine", "packed"]
         model = "gen"
     elif name in ("naive", "static"):
         script = ROOT / "benchmarks" / "peers" / f"gen_{name}_server.py"
@@ -441,9 +449,9 @@ def measure_server(name: str, cfg: Config, out: Path, prompts: list[Any], log: C
         cap = capacity(steps)
         log(f"{name}: capacity {'none' if cap is None else f'{cap:.3f}/s'}")
         naive_cap = cap if name == "naive" else _saved_capacity(out, "naive")
-        if name in ("naive", "latencylab") and naive_cap:
+        if (name == "naive" or name.startswith("latencylab")) and naive_cap:
             one(round(0.7 * naive_cap, 3), "at-70%-naive")
-        if name == "latencylab" and cap:
+        if name.startswith("latencylab") and cap:
             one(round(2 * cap, 3), "overload-2x")
         stats = srv.stats()
     finally:
@@ -459,22 +467,24 @@ def measure_server(name: str, cfg: Config, out: Path, prompts: list[Any], log: C
 
 
 def measure_overload(
-    cfg: Config, out: Path, prompts: list[Any], log: Callable[[str], None], rate: float | None
-) -> None:
-    """Only latencylab's 2x-overload step, at ``rate`` (default: twice the capacity saved in <out>/latencylab.json);
+    cfg: Config, out: Path, prompts: list[Any], log: Callable[[str], None], rate: float | None,
+    name: str = "latencylab",
+) -> None:  # fmt: skip
+    """Only latencylab's (``name``: or a variant's) 2x-overload step, at ``rate`` (default: twice the capacity saved
+    in <out>/<name>.json);
     the saved document keeps its search steps, the new step replaces the old overload step, which is kept under
     ``superseded`` (with its date)."""
-    path = out / "latencylab.json"
+    path = out / f"{name}.json"
     doc = json.loads(path.read_text()) if path.exists() else None
     if rate is None:
         if not doc or not doc.get("capacity"):
-            raise SystemExit(f"--overload-only: no saved latencylab capacity in {path}; give --overload-rate")
+            raise SystemExit(f"--overload-only: no saved {name} capacity in {path}; give --overload-rate")
         rate = round(2 * doc["capacity"], 3)
-    started = start_server("latencylab", cfg, out / "logs" / "latencylab")
+    started = start_server(name, cfg, out / "logs" / name)
     if isinstance(started, str):
-        raise SystemExit(f"latencylab: {started}")
+        raise SystemExit(f"{name}: {started}")
     srv, model = started
-    log(f"latencylab: up in {srv.startup_s:.1f} s at {srv.url} ({model}); overload step only, {rate:.3f}/s")
+    log(f"{name}: up in {srv.startup_s:.1f} s at {srv.url} ({model}); overload step only, {rate:.3f}/s")
     try:
         warm(srv, model)
         drain(srv)
@@ -484,13 +494,54 @@ def measure_overload(
         srv.stop()
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if doc is None:
-        doc = {"server": "latencylab", "model": model, "capacity": None, "steps": [], "config": asdict(cfg),
+        doc = {"server": name, "model": model, "capacity": None, "steps": [], "config": asdict(cfg),
                "machine": cpu_model()}  # fmt: skip
     old = [x for x in doc["steps"] if x["purpose"] == "overload-2x"]
     doc.setdefault("superseded", []).extend({**x, "run_date": doc.get("date")} for x in old)
     doc["steps"] = [x for x in doc["steps"] if x["purpose"] != "overload-2x"] + [asdict(st)]
     doc["overload_date"] = date
     path.write_text(json.dumps(doc, indent=1))
+
+
+def _claims(me: str, doc: dict[str, Any], caps: dict[str, Any], at70: dict[str, Any], cfg: Config) -> list[str]:
+    """The issue's claims for latencylab (or one of its variants, ``me``) against the peers in the same folder."""
+    ll = caps.get(me)
+    lines: list[str] = []
+
+    def ratio(peer: str, target: float) -> str:
+        p = caps.get(peer)
+        if not ll or not p:
+            return f"{me} / {peer}: not measured"
+        r = ll / p
+        return f"{me} / {peer} capacity: {r:.2f}x (target >= {target:g}x: {'met' if r >= target else 'NOT met'})"
+
+    lines += [f"* {ratio('naive', 4.0)}", f"* {ratio('static', 1.5)}"]
+    for peer in ("llamacpp", "llamacpp-server"):
+        if caps.get(peer) and ll:
+            lines.append(f"* {me} / {peer} capacity: {ll / caps[peer]:.2f}x (reported, no target)")
+    a, b = at70.get(me), at70.get("naive")
+    if a and b and a["ttft_p99_ms"] and b["ttft_p99_ms"]:
+        cut = 1 - a["ttft_p99_ms"] / b["ttft_p99_ms"]
+        lines.append(
+            f"* at 70% of naive's capacity ({a['rate']:.3f}/s): TTFT p99 {me} {a['ttft_p99_ms']:.0f} ms vs naive "
+            f"{b['ttft_p99_ms']:.0f} ms: {cut:.0%} lower (target >= 60%: {'met' if cut >= 0.6 else 'NOT met'}); "
+            f"sent/ok {a['sent']}/{a['ok']} and {b['sent']}/{b['ok']}"
+        )
+    else:
+        lines.append(f"* {me} at 70% of naive's capacity: not measured (needs both servers' steps)")
+    ov = next((s for s in doc.get("steps", []) if s["purpose"] == "overload-2x"), None)
+    if ov:
+        ok_slo = ov["ttft_p99_ms"] is not None and ov["ttft_p99_ms"] <= cfg.ttft_slo_s * 1e3
+        ident = ov["sent"] == ov["ok"] + ov["shed"] + ov["error"]
+        lines.append(
+            f"* overload 2x {me}'s capacity ({ov['rate']:.3f}/s): sent {ov['sent']} = ok {ov['ok']} + shed "
+            f"{ov['shed']} + error {ov['error']} ({'holds' if ident else 'BROKEN'}); admitted TTFT p99 "
+            f"{_f(ov['ttft_p99_ms'])} ms ({'<=' if ok_slo else '>'} the {cfg.ttft_slo_s:g}-s SLO: "
+            f"{'met' if ok_slo else 'NOT met'}), TPOT p99 {_f(ov['tpot_p99_ms'])} ms"
+        )
+    else:
+        lines.append(f"* overload 2x {me}: not measured")
+    return lines
 
 
 def _saved_capacity(out: Path, name: str) -> float | None:
@@ -537,42 +588,11 @@ def report(docs: dict[str, dict[str, Any]], cfg: Config) -> str:
         *rows, "",
     ]  # fmt: skip
     caps = {n: d.get("capacity") for n, d in docs.items() if "skipped" not in d}
-    ll = caps.get("latencylab")
-
-    def ratio(peer: str, target: float) -> str:
-        p = caps.get(peer)
-        if not ll or not p:
-            return f"latencylab / {peer}: not measured"
-        r = ll / p
-        return f"latencylab / {peer} capacity: {r:.2f}x (target >= {target:g}x: {'met' if r >= target else 'NOT met'})"
-
-    lines += [f"* {ratio('naive', 4.0)}", f"* {ratio('static', 1.5)}"]
-    for peer in ("llamacpp", "llamacpp-server"):
-        if caps.get(peer) and ll:
-            lines.append(f"* latencylab / {peer} capacity: {ll / caps[peer]:.2f}x (reported, no target)")
     at70 = {n: next((s for s in d.get("steps", []) if s["purpose"] == "at-70%-naive"), None) for n, d in docs.items()}
-    a, b = at70.get("latencylab"), at70.get("naive")
-    if a and b and a["ttft_p99_ms"] and b["ttft_p99_ms"]:
-        cut = 1 - a["ttft_p99_ms"] / b["ttft_p99_ms"]
-        lines.append(
-            f"* at 70% of naive's capacity ({a['rate']:.3f}/s): TTFT p99 latencylab {a['ttft_p99_ms']:.0f} ms vs naive "
-            f"{b['ttft_p99_ms']:.0f} ms: {cut:.0%} lower (target >= 60%: {'met' if cut >= 0.6 else 'NOT met'}); "
-            f"sent/ok {a['sent']}/{a['ok']} and {b['sent']}/{b['ok']}"
-        )
-    else:
-        lines.append("* at 70% of naive's capacity: not measured (needs both servers' steps)")
-    ov = next((s for s in docs.get("latencylab", {}).get("steps", []) if s["purpose"] == "overload-2x"), None)
-    if ov:
-        ok_slo = ov["ttft_p99_ms"] is not None and ov["ttft_p99_ms"] <= cfg.ttft_slo_s * 1e3
-        ident = ov["sent"] == ov["ok"] + ov["shed"] + ov["error"]
-        lines.append(
-            f"* overload 2x latencylab's capacity ({ov['rate']:.3f}/s): sent {ov['sent']} = ok {ov['ok']} + shed "
-            f"{ov['shed']} + error {ov['error']} ({'holds' if ident else 'BROKEN'}); admitted TTFT p99 "
-            f"{_f(ov['ttft_p99_ms'])} ms ({'<=' if ok_slo else '>'} the {cfg.ttft_slo_s:g}-s SLO: "
-            f"{'met' if ok_slo else 'NOT met'}), TPOT p99 {_f(ov['tpot_p99_ms'])} ms"
-        )
-    else:
-        lines.append("* overload 2x: not measured")
+    for me in ("latencylab", *VARIANTS):
+        if me not in docs or (me != "latencylab" and "skipped" in docs[me]):
+            continue
+        lines += _claims(me, docs[me], caps, at70, cfg)
     lines += ["", "every step:", ""]
     lines += [
         "| server | purpose | rate/s | s | sent | ok | shed | error | good | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
@@ -652,8 +672,8 @@ def main() -> int:
     bad = [n for n in names if n not in SERVERS]
     if bad:
         ap.error(f"--only: unknown server(s) {', '.join(bad)}; choose from {', '.join(SERVERS)}")
-    if args.overload_only and names != ["latencylab"]:
-        ap.error("--overload-only goes with --only latencylab")
+    if args.overload_only and (len(names) != 1 or names[0] not in ("latencylab", *VARIANTS)):
+        ap.error("--overload-only goes with --only latencylab (or one of its variants)")
     pin = not args.no_pin and (os.cpu_count() or 1) >= 2
     cfg = Config(args.ttft_slo, args.tpot_slo, args.max_tokens, args.min_duration, args.max_duration,
                  args.min_requests, args.max_steps, args.timeout, pin, args.quick, args.start)  # fmt: skip
@@ -667,7 +687,7 @@ def main() -> int:
               f"{CLIENT_CPU if pin else 'any'}", flush=True)  # fmt: skip
         prompts = prompts_for(cfg.max_tokens)
         if args.overload_only:
-            measure_overload(cfg, out, prompts, lambda m: print(m, flush=True), args.overload_rate)
+            measure_overload(cfg, out, prompts, lambda m: print(m, flush=True), args.overload_rate, names[0])
         for name in [] if args.overload_only else names:
             measure_server(name, cfg, out, prompts, lambda m: print(m, flush=True))
     docs = load_docs(out)

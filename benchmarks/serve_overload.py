@@ -459,6 +459,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON")
     args = ap.parse_args()
+    if args.max_chunks < 3:  # the search's p99 test needs 3 chunks (load/early_stop.MIN_BLOCKS)
+        ap.error(f"--max-chunks must be at least 3, got {args.max_chunks}")
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     if args.combine:
         return combine(args.combine)

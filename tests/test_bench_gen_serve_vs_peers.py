@@ -94,6 +94,15 @@ def test_report_states_ratios_and_targets_from_the_steps() -> None:
     assert "| naive | 0.100 |" in text and "| latencylab | 0.450 |" in text
     docs["latencylab"]["capacity"] = 0.3  # type: ignore[index]
     assert "latencylab / naive capacity: 3.00x (target >= 4x: NOT met)" in gsp.report(docs, cfg())  # type: ignore[arg-type]
+    assert "latencylab-packed" not in text  # a variant is reported only where it was measured
+    docs["latencylab-packed"] = doc("latencylab-packed", [
+        step("latencylab-packed", 0.6, True), step("latencylab-packed", 0.8, False),
+        step("latencylab-packed", 0.07, True, "at-70%-naive", ttft_p99_ms=600.0),
+    ])  # fmt: skip
+    text = gsp.report(docs, cfg())  # type: ignore[arg-type]
+    assert "latencylab-packed / naive capacity: 6.00x (target >= 4x: met)" in text
+    assert "TTFT p99 latencylab-packed 600 ms vs naive 3000 ms: 80% lower" in text
+    assert "overload 2x latencylab-packed: not measured" in text and "| latencylab-packed | 0.600 |" in text
 
 
 @pytest.mark.slow

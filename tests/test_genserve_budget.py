@@ -14,7 +14,7 @@ import pytest
 from latencylab.clock import FakeClock
 from latencylab.genserve.budget import PrefillBudget
 from latencylab.genserve.cost import StepCosts
-from latencylab.genserve.fake import EOS, FakeEngine
+from latencylab.genserve.fake import EOS, FakeEngine, FusedFakeEngine
 from latencylab.genserve.scheduler import GenRequest, Scheduler, SchedulerConfig, Seq
 from latencylab.serve.admission import Shed
 from test_genserve_admission import first_token_delivered
@@ -30,11 +30,15 @@ def req(prompt_len: int, max_tokens: int = 48, deadline: int | None = None) -> G
                       ttft_deadline_ns=deadline)  # fmt: skip
 
 
-def make(tpot: bool = True, decode_per_seq_ms: float = 10.0, **cfg: int) -> tuple[Scheduler, FakeEngine, FakeClock]:
-    """A scheduler whose cost model knows the fake engine's costs exactly; ``tpot``: the budget tied to 250 ms."""
+def make(
+    tpot: bool = True, decode_per_seq_ms: float = 10.0, fused: bool = False, **cfg: int
+) -> tuple[Scheduler, FakeEngine, FakeClock]:
+    """A scheduler whose cost model knows the fake engine's costs exactly; ``tpot``: the budget tied to 250 ms;
+    ``fused``: the engine runs a step's chunks and decode batch in one forward (genserve/packed.py)."""
     clock = FakeClock()
-    eng = FakeEngine(clock, prefill_ns_per_token=int(4.3 * MS), prefill_overhead_ns=10 * MS,
-                     decode_base_ns=58 * MS, decode_ns_per_seq=int(decode_per_seq_ms * MS))  # fmt: skip
+    kind = FusedFakeEngine if fused else FakeEngine
+    eng = kind(clock, prefill_ns_per_token=int(4.3 * MS), prefill_overhead_ns=10 * MS, decode_base_ns=58 * MS,
+               decode_ns_per_seq=int(decode_per_seq_ms * MS))  # fmt: skip
     extra = {"tpot_slo_s": TPOT_SLO} if tpot else {}
     sc = SchedulerConfig(**{"max_num_seqs": 8, "margin_s": 0.0, **extra, **cfg})  # type: ignore[arg-type]
     s = Scheduler(eng, sc, clock)
@@ -258,3 +262,54 @@ def test_the_forecast_replays_the_itl_capped_budget_exactly() -> None:
     forecast = s.predicted_ttft_s(req(228, 32))
     new = s.submit(req(228, 32))
     assert (first_token_delivered(s, new) - now) / S == pytest.approx(forecast, abs=1e-9)
+
+
+def test_a_fused_engine_gives_a_capped_step_the_forward_it_already_pays_for() -> None:
+    # the ITL cap with chunks in the decode step's own forward (Sarathi's mixed batch, genserve/packed.py): a step
+    # of a's decode (68 ms) and b's chunk pays the forward's fixed cost once, so 250 ms holds (250 - 68) / 4.3 = 42
+    # tokens a step instead of 40 (10 ms of it went to the chunk's own forward), and b's first token comes earlier
+    out = {}
+    for fused in (False, True):
+        s, eng, _clock = make(itl_cap_s=0.25, fused=fused)  # type: ignore[arg-type]
+        assert s.fused is fused and s.costs.fused is fused
+        a = s.submit(req(40, 48))
+        while len(a.tokens) < 20:
+            s.step()
+        b = s.submit(req(553, 48))
+        ttft = first_token_delivered(s, b) - b.arrival_ns
+        while s.step() is not None:
+            pass
+        chunks = eng.chunks_of(b.id) if isinstance(eng, FusedFakeEngine) else prefills_of(eng, b)
+        out[fused] = (max(gaps_s(a)), [e - st for st, e in chunks], ttft)
+        assert s.costs.prefill_per_token_s == pytest.approx(0.0043)  # learnt over the decode's predicted cost
+    (gap_off, sizes_off, ttft_off), (gap_on, sizes_on, ttft_on) = out[False], out[True]
+    assert gap_on <= 0.25 + 1e-9 and gap_off <= 0.25 + 1e-9
+    assert max(sizes_off) == 40 and max(sizes_on) == 42 and len(sizes_on) <= len(sizes_off)
+    assert ttft_on < ttft_off
+    # every step of b's prefill after its first one also decoded a: one forward each
+    mixed = [c for c in eng.calls if c[0] == "mixed" and any(i == b.id for i, _, _ in c[1])]
+    assert all(c[2] == (a.id,) for c in mixed)
+
+
+def test_the_forecast_replays_the_fused_capped_budget_exactly() -> None:
+    s, _eng, clock = make(itl_cap_s=0.2, fused=True)  # type: ignore[arg-type]
+    first = [s.submit(req(40, 48)) for _ in range(3)]
+    while any(q.state != "decode" for q in first):
+        s.step()
+    s.submit(req(553, 48))
+    s.submit(req(120, 48))
+    now = clock.now_ns
+    forecast = s.predicted_ttft_s(req(228, 32))
+    new = s.submit(req(228, 32))
+    assert (first_token_delivered(s, new) - now) / S == pytest.approx(forecast, abs=1e-9)
+
+
+def test_a_fused_step_without_decoders_pays_the_fixed_cost_once_for_all_its_chunks() -> None:
+    s, eng, clock = make(tpot=False, fused=True, prefill_chunk_tokens=512)  # type: ignore[arg-type]
+    a, b = s.submit(req(100, 4)), s.submit(req(60, 4))
+    rep = s.step()
+    assert rep is not None and rep.prefill_tokens == 160 and rep.decode_batch == 0
+    assert eng.calls[0] == ("mixed", ((a.id, 0, 100), (b.id, 0, 60)), ())
+    assert rep.end_ns - rep.start_ns == 10 * MS + 160 * int(4.3 * MS)  # one forward: one fixed cost
+    assert s._step_cost_s([], 2, 0) == pytest.approx(0.058 + 0.020)
+    assert {q.state for q in (a, b)} == {"decode"} and clock.now_ns == rep.end_ns

@@ -81,3 +81,32 @@ def test_a_cached_chat_prefix_gives_the_tokens_a_whole_prefill_gives(lm) -> None
     for p, s in zip((chat, raw), seqs, strict=True):
         assert s.tokens == generate(model, p, n, eos=eos), f"prompt of {len(p)} tokens"
     assert all(torch.equal(a, k) for a, (k, _) in zip(before, engine.prefix.layers, strict=True))  # read-only
+
+
+def test_the_packed_engine_decodes_smollm2_as_plain_greedy_decoding_does(lm) -> None:  # type: ignore[no-untyped-def]
+    """genserve/packed.py on the real model: chunks riding with decode rows in one forward, a cached chat prefix,
+    sequences joining and leaving; greedy tokens equal the model's own decoding, prompt for prompt."""
+    from latencylab.genserve.packed import PackedEngine
+    from latencylab.genserve.prefix import chat_prefix
+    from latencylab.genserve.scheduler import GenRequest, Scheduler, SchedulerConfig
+    from latencylab.workloads.gen import chat_ids, messages_of
+    from latencylab.workloads.gen_decode import eos_ids, generate
+    from latencylab.workloads.gen_prompts import builtin_prompts
+
+    tok, model = lm.tokenizer, lm.model
+    eos = eos_ids(tok, model)
+    every = [chat_ids(tok, messages_of(p)) for p in builtin_prompts()]
+    longest = max(range(len(every)), key=lambda i: len(every[i]))
+    prompts = [every[i] for i in (0, 1, 2, longest)]
+    engine = PackedEngine(model)
+    engine.set_prefix(chat_prefix(lambda m: chat_ids(tok, m)))
+    # 2 slots, 48 prompt tokens a step: the long prompt goes in in chunks beside the others' decode rows
+    sched = Scheduler(engine, SchedulerConfig(max_num_seqs=2, prefill_chunk_tokens=48))
+    seqs = [sched.submit(GenRequest(tuple(p), 12, eos_ids=eos)) for p in prompts]
+    assert all(s.cached_tokens > 0 for s in seqs[:3])
+    mixed = 0
+    while (rep := sched.step()) is not None:
+        mixed += bool(rep.prefill_tokens and rep.decode_batch)
+    assert mixed >= 2
+    for p, s in zip(prompts, seqs, strict=True):
+        assert s.tokens == generate(model, p, 12, eos=eos), f"prompt of {len(p)} tokens"

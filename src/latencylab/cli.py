@@ -148,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
         "default off: the TPOT-tied budget alone)",
     )
     sv.add_argument(
+        "--gen-engine",
+        choices=("padded", "packed"),
+        help="--model gen: how a step runs the model: padded = a prefill chunk and the decode batch each their own "
+        "forward over one left-padded cache; packed = both in one forward (a K/V buffer per sequence), so a chunk "
+        "rides on the decode step's weight read (docs/genserve.md; default padded)",
+    )
+    sv.add_argument(
         "--trust-request-start",
         action=argparse.BooleanOptionalAction,
         default=None,

@@ -83,5 +83,6 @@ class PrefillBudget:
         per = costs.prefill_per_token_s
         if not per:
             return self.min_tokens
-        n = math.floor((allowed - costs.prefill_overhead_s) / per + 1e-9)
+        fixed = 0.0 if costs.fused else costs.prefill_overhead_s  # fused: the chunk rides in the decode forward
+        n = math.floor((allowed - fixed) / per + 1e-9)
         return max(self.min_tokens, min(self.max_tokens, n))

@@ -27,11 +27,18 @@ class StepCosts:
         self.prefill_overhead_s = 0.0  # fixed cost of a prefill forward, besides its tokens (seeded at warm-up)
         self.decode = LatencyModel(alpha, clip)
         self.output_fraction = 1.0
+        # a fused engine (genserve/packed.py) runs a step's chunks and decode batch in one forward: a chunk that
+        # rides in a forward already paid for (the decode batch's, or an earlier chunk's) costs its tokens only
+        self.fused = False
 
-    def observe_prefill(self, tokens: int, seconds: float) -> None:
+    def observe_prefill(self, tokens: int, seconds: float, fixed_s: float | None = None) -> None:
+        """``seconds`` of a step's prefill work for ``tokens`` prompt tokens, of which ``fixed_s`` (default: the
+        forward's fixed cost, ``prefill_overhead_s``) is not per token; a fused step passes its decode batch's
+        predicted cost (the forward's fixed cost is in it)."""
         if tokens <= 0:
             return
-        per = max(0.0, seconds - self.prefill_overhead_s) / tokens
+        fixed = self.prefill_overhead_s if fixed_s is None else fixed_s
+        per = max(0.0, seconds - fixed) / tokens
         old = self.prefill_per_token_s
         if old is not None:
             per = min(per, self.clip * old)
@@ -67,6 +74,13 @@ class StepCosts:
         if tokens <= 0 or self.prefill_per_token_s is None:
             return 0.0
         return self.prefill_overhead_s + tokens * self.prefill_per_token_s
+
+    def chunk_s(self, tokens: int, shares_forward: bool) -> float:
+        """A prefill chunk's cost within a step; ``shares_forward``: the step already runs a forward (its decode
+        batch, or an earlier chunk) that a fused engine runs this chunk in (then no fixed cost)."""
+        if self.fused and shares_forward:
+            return 0.0 if tokens <= 0 or self.prefill_per_token_s is None else tokens * self.prefill_per_token_s
+        return self.prefill_s(tokens)
 
     def decode_s(self, batch: int) -> float:
         return self.decode.predict(batch) if batch > 0 else 0.0

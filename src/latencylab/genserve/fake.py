@@ -85,6 +85,39 @@ class FakeEngine:
         return [c[1] for c in self.calls if c[0] == "decode"]
 
 
+class FusedFakeEngine(FakeEngine):
+    """The fake engine as a fused one (genserve/packed.py's ``mixed``): a step's chunks and decode batch in one
+    forward, charged ``decode_base_ns + decode_ns_per_seq x batch + prefill_ns_per_token x tokens`` with a decode
+    batch and ``prefill_overhead_ns + prefill_ns_per_token x tokens`` without (the fixed cost once a forward)."""
+
+    fused = True
+
+    def mixed(self, chunks: Sequence[tuple[Seq, int, int]], seqs: Sequence[Seq]) -> tuple[list[int | None], list[int]]:
+        tokens = sum(end - start for _, start, end in chunks)
+        self.calls.append(("mixed", tuple((s.id, a, b) for s, a, b in chunks), tuple(s.id for s in seqs)))
+        fixed = self.decode_base_ns + self.decode_ns_per_seq * len(seqs) if seqs else self.prefill_overhead_ns
+        self._spend(fixed + self.prefill_ns_per_token * tokens)
+        firsts: list[int | None] = []
+        for seq, start, end in chunks:
+            have = self.cached.get(seq.id, self.cached_prefix(seq.req.prompt_ids))
+            if have != start:
+                raise AssertionError(f"seq {seq.id}: prefill from {start}, cache holds {have}")
+            self.cached[seq.id] = end
+            firsts.append(self._next(seq) if end == seq.prompt_len else None)
+        for s in seqs:
+            self.cached[s.id] += 1
+        return firsts, [self._next(s) for s in seqs]
+
+    def prefill(self, seq: Seq, start: int, end: int) -> int | None:
+        return self.mixed([(seq, start, end)], [])[0][0]
+
+    def decode(self, seqs: Sequence[Seq]) -> list[int]:
+        return self.mixed([], seqs)[1]
+
+    def chunks_of(self, seq_id: int) -> list[tuple[int, int]]:
+        return [(a, b) for c in self.calls if c[0] == "mixed" for i, a, b in c[1] if i == seq_id]
+
+
 class FakeTokenizer:
     """One token per character (ids = code points + 10, clear of EOS; the engine's output ids from
     ``FIRST_TOKEN`` read as "abc..."): the ``Codec`` of genserve.service."""

@@ -85,6 +85,7 @@ def forecast_ttft_s(
             slacks = ((p.slack_s, p.decode_left - 1) for p in decoders)
             left = budget.tokens(slacks, d, budget.later_step_s(costs, max_num_seqs), costs)
         t_start = t
+        left_before = left
         ended_prefill: list[tuple[Pending, float]] = []  # with the time its first token was chosen
         for p in run:
             if left <= 0:
@@ -92,7 +93,7 @@ def forecast_ttft_s(
             if p.decoding or p.prefill_left <= 0:
                 continue
             take = min(p.prefill_left, left)
-            t += costs.prefill_s(take)
+            t += costs.chunk_s(take, shares_forward=bool(decoders) or left_before > left)
             p.prefill_left -= take
             left -= take
             if p.prefill_left == 0:

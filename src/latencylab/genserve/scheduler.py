@@ -248,6 +248,9 @@ class Scheduler:
         self.clock = clock or PerfCounterClock()
         self.now_ns = now_reader(self.clock)
         self.costs = costs or StepCosts()
+        # a fused engine (genserve/packed.py: ``mixed``) runs a step's chunks and decode batch in one forward
+        self.fused = bool(getattr(engine, "fused", False))
+        self.costs.fused = self.fused
         self.planned = self.cfg.prefill_budget()  # the TPOT plan as configured
         self.budget = self.planned  # ... and as steps use it now: the target over tpot_error's scale
         # actual / planned TPOT of replies near their plan (the TPOT margin; SchedulerConfig.tpot_quantile)
@@ -410,6 +413,8 @@ class Scheduler:
             return None
         ended: list[Seq] = []  # finished by this step's tokens
         tokens: list[tuple[Seq, int]] = []
+        if self.fused:
+            return self._fused_step(start, prefilling, decoding, budget, cancelled, joined)
         # prefill: the oldest sequences first, up to the token budget
         t0 = self.now_ns()
         prefill_tokens = 0
@@ -441,6 +446,13 @@ class Scheduler:
                 self._take(s, tok, t2, tokens, ended)
         else:
             t2 = t1
+        return self._finish_step(start, t0, t1, t2, prefill_tokens, len(live), tokens, ended, cancelled, joined)
+
+    def _finish_step(
+        self, start: int, t0: int, t1: int, t2: int, prefill_tokens: int, batch: int, tokens: list[tuple[Seq, int]],
+        ended: list[Seq], cancelled: list[Seq], joined: list[Seq],
+    ) -> StepReport:  # fmt: skip
+        """Retire what ended, feed admission's forecast error, and report the step (prefill t0..t1, decode t1..t2)."""
         with self._lock:
             for s in ended:
                 if s in self.running:
@@ -457,9 +469,55 @@ class Scheduler:
             self.costs.observe_finish(len(s.tokens), s.req.max_tokens)
             self._observe_tpot(s)
         return StepReport(
-            start, t2, prefill_tokens, t1 - t0, len(live), t2 - t1, tuple(tokens), (*cancelled, *ended), tuple(joined),
+            start, t2, prefill_tokens, t1 - t0, batch, t2 - t1, tuple(tokens), (*cancelled, *ended), tuple(joined),
             running, waiting, reserved, self.kv_used,
         )  # fmt: skip
+
+    def _fused_step(
+        self, start: int, prefilling: list[Seq], decoding: list[Seq], budget: int, cancelled: list[Seq],
+        joined: list[Seq],
+    ) -> StepReport:  # fmt: skip
+        """The step as one forward (a fused engine's ``mixed``): the chunks of the oldest prompts up to the budget
+        and a token for every decoding sequence. Every token of the step is chosen at its end. Costs: a step with
+        chunks and decoders teaches the prefill's cost per token over the decode batch's predicted cost (the
+        forward's fixed cost is in it); a step without decoders, the prefill's fixed + per-token cost as a
+        prefill forward; a step without chunks, the decode step. Its report splits the forward the same way."""
+        chunks: list[tuple[Seq, int, int]] = []
+        for s in prefilling:
+            if budget <= 0:
+                break
+            end = min(s.prompt_len, s.prefilled + budget)
+            chunks.append((s, s.prefilled, end))
+            budget -= end - s.prefilled
+        live = [s for s in decoding if not s.finished]
+        n_prefill = sum(e - b for _, b, e in chunks)
+        t0 = self.now_ns()
+        firsts, out = self.engine.mixed(chunks, live)  # type: ignore[attr-defined]
+        t2 = self.now_ns()
+        total_s = (t2 - t0) / 1e9
+        if chunks and live:
+            decode_s = min(total_s, self.costs.decode_s(len(live)))
+            self.costs.observe_prefill(n_prefill, total_s, fixed_s=decode_s)
+        elif chunks:
+            decode_s = 0.0
+            self.costs.observe_prefill(n_prefill, total_s)
+        else:
+            decode_s = total_s
+            self.costs.observe_decode(len(live), total_s)
+        t1 = t2 - int(decode_s * 1e9)
+        ended: list[Seq] = []
+        tokens: list[tuple[Seq, int]] = []
+        for (s, _b, end), first in zip(chunks, firsts, strict=True):
+            s.prefilled = end
+            if end == s.prompt_len:
+                if first is None:
+                    raise RuntimeError("the engine gave no first token at the end of a prompt")
+                s.state = "decode"
+                s.first_token_ns = t2
+                self._take(s, first, t2, tokens, ended)
+        for s, tok in zip(live, out, strict=True):
+            self._take(s, tok, t2, tokens, ended)
+        return self._finish_step(start, t0, t1, t2, n_prefill, len(live), tokens, ended, cancelled, joined)
 
     def _observe_tpot(self, s: Seq) -> None:
         """A finished reply's TPOT against the plan in force at its end (the TPOT margin's evidence)."""
@@ -480,12 +538,14 @@ class Scheduler:
     def _step_cost_s(self, prefilling: list[Seq], decode_batch: int, budget: int) -> float:
         """The predicted cost of a step that prefills ``prefilling`` (``budget`` tokens) and decodes a batch."""
         total = self.costs.decode_s(decode_batch)
+        shares = decode_batch > 0
         for s in prefilling:
             if budget <= 0:
                 break
             take = min(s.prompt_len - s.prefilled, budget)
-            total += self.costs.prefill_s(take)
+            total += self.costs.chunk_s(take, shares)
             budget -= take
+            shares = True
         return total
 
     def _apply_cancellations(self, now: int) -> list[Seq]:

@@ -25,6 +25,8 @@ from latencylab.genserve.service import GenServeConfig, GenService, HfCodec
 log = logging.getLogger("latencylab.genserve")
 ENGINES = ("fp32", "int8")  # the model rungs build_service can make for SmolLM2
 PREFILL_WITH_FROM = "--prefill-dtype with --from: the chosen variant's own precision applies; give one"
+GEN_ENGINES = ("padded", "packed")  # GenServeConfig.engine
+PACKED_WITH_BF16 = "--gen-engine packed runs prefill and decode in one forward: it takes no --prefill-dtype bf16"
 
 
 def config_from_args(args: argparse.Namespace) -> GenServeConfig:
@@ -45,12 +47,19 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
     if slo_ms is not None:
         over["ttft_slo_s"] = slo_ms / 1e3
     source = getattr(args, "from_dir", None)
+    engine = getattr(args, "gen_engine", None)
+    if engine is not None:
+        if engine not in GEN_ENGINES:
+            raise LatencyLabError(f"--gen-engine {engine!r}: choose from {', '.join(GEN_ENGINES)}")
+        over["engine"] = engine
     if getattr(args, "prefill_dtype", None):
         from latencylab.genserve.prefill import resolve
 
         # bf16 on a CPU without native BF16, or beside --from, fails before the model loads
         if resolve(args.prefill_dtype) != "fp32" and source:
             raise LatencyLabError(PREFILL_WITH_FROM)
+        if resolve(args.prefill_dtype) != "fp32" and engine == "packed":
+            raise LatencyLabError(PACKED_WITH_BF16)
         over["prefill_dtype"] = args.prefill_dtype
     engines = ENGINES
     if source:  # the variant an optimize --workload gen search chose is the top rung (genserve/from_optimize.py)
@@ -120,11 +129,24 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
 
         engines["int8"] = quantize_int8(lm.model, cfg.int8_method)
     top = cfg.ladder[0]
-    standby = {name: TorchEngine(m) for name, m in engines.items() if name != top and name in cfg.ladder}
+    if cfg.engine not in GEN_ENGINES:
+        raise LatencyLabError(f"engine {cfg.engine!r}: choose from {', '.join(GEN_ENGINES)}")
+    if cfg.engine == "packed" and prefill != "fp32":
+        raise LatencyLabError(PACKED_WITH_BF16)
+    make: Any = TorchEngine
+    if cfg.engine == "packed":  # a step's chunks and decode batch in one forward (genserve/packed.py)
+        from latencylab.genserve.packed import PackedEngine
+
+        make = PackedEngine
+    standby = {name: make(m) for name, m in engines.items() if name != top and name in cfg.ladder}
     if top != "fp32" and prefill != "fp32":  # the prefill copy is of the FP32 model, not of a quantised rung
         log.warning("--prefill-dtype %s: not applied, the top rung is %s (it keeps its own forward)", prefill, top)
         prefill = "fp32"
-    main = TorchEngine(engines[top], prefill_model=prefill_model(engines[top], prefill))
+    main = (
+        make(engines[top])
+        if cfg.engine == "packed"
+        else TorchEngine(engines[top], prefill_model(engines[top], prefill))
+    )
     codec = HfCodec(lm.tokenizer)
     if cfg.prefix_cache:  # the chat template's fixed prefix, prefilled once per model rung (genserve/prefix.py)
         from latencylab.genserve.prefix import chat_prefix
@@ -253,7 +275,8 @@ def run_gen_serve(args: argparse.Namespace) -> int:
                 f"  model {svc.cfg.model_name} ({', '.join(svc.cfg.aliases)}): continuous batching, max_num_seqs "
                 f"{s.max_num_seqs}, prefill chunk {s.prefill_chunk_tokens} tokens, KV budget {s.kv_budget_tokens} "
                 f"tokens, TTFT SLO {svc.cfg.ttft_slo_s:g} s"
-                + (f", steps with streams capped at {s.itl_cap_s * 1e3:g} ms (ITL)" if s.itl_cap_s else ""),
+                + (f", steps with streams capped at {s.itl_cap_s * 1e3:g} ms (ITL)" if s.itl_cap_s else "")
+                + f", {svc.cfg.engine} engine",
                 flush=True,
             )
             if served:

@@ -80,6 +80,9 @@ class GenServeConfig:
     int8_fidelity: bool = True  # show the int8 rung's stored fidelity (python -m latencylab.genserve.int8)
     prefix_cache: bool = True  # prefill the chat template's fixed prefix once, reuse its K/V (genserve/prefix.py)
     prefill_dtype: str = "fp32"  # the prompt's forward: fp32, bf16 or auto (genserve/prefill.py); decode is FP32
+    # the model's steps: "padded" (genserve/engine.py: a prefill chunk and the decode batch each their own forward,
+    # one left-padded cache) or "packed" (genserve/packed.py: both in one forward, a static K/V buffer per sequence)
+    engine: str = "padded"
     otlp_endpoint: str | None = None  # export a span per request (OTLP/HTTP), e.g. http://127.0.0.1:4318/v1/traces
     from_dir: str | None = None  # serve the variant `optimize --workload gen --out DIR` chose (from_optimize.py)
 

@@ -99,6 +99,8 @@ def run_serve_command(args: argparse.Namespace) -> int:
         raise LatencyLabError("--prefill-dtype is for --model gen (a generative model's prompt forward)")
     if getattr(args, "itl_cap_ms", None):
         raise LatencyLabError("--itl-cap-ms is for --model gen (a generative model's decode steps)")
+    if getattr(args, "gen_engine", None):
+        raise LatencyLabError("--gen-engine is for --model gen (a generative model's steps)")
     from latencylab.serve.app import build_state, run_server
 
     cfg = config_from_args(args)
