@@ -89,7 +89,8 @@ from _serving import (
 )
 
 # latencylab's variants (each its own document under --out, named only with --only): -packed serves with
-# --gen-engine packed (a step's chunks and decode batch in one forward, genserve/packed.py), -bf16p with the
+# --gen-engine packed (a step's chunks and decode batch in one forward, genserve/packed.py) and a 250-ms ITL cap
+# (cheap once a chunk rides in the decode forward: docs/benchmarks/generative.md, session 21), -bf16p with the
 # prompt's forward in BF16 (genserve/prefill.py)
 VARIANTS = ("latencylab-packed", "latencylab-bf16p")
 DEFAULT_ONLY = ("naive", "static", "latencylab", "llamacpp", "llamacpp-server", "transformers-serve")
@@ -353,8 +354,8 @@ def start_server(name: str, cfg: Config, workdir: Path) -> tuple[Running, str] |
                "1", "--max-batch-size", "8", "--slo-ms", str(int(cfg.ttft_slo_s * 1000))]  # fmt: skip
         if name == "latencylab-bf16p":  # the prompt's forward in BF16, decode FP32 (genserve/prefill.py)
             cmd += ["--prefill-dtype", "bf16"]
-        if name == "latencylab-packed":  # a step's chunks and decode batch in one forward (genserve/packed.py)
-            cmd += ["--gen-engine", "packed"]
+        if name == "latencylab-packed":  # chunks and decode in one forward (genserve/packed.py), steps capped
+            cmd += ["--gen-engine", "packed", "--itl-cap-ms", "250"]
         model = "gen"
     elif name in ("naive", "static"):
         script = ROOT / "benchmarks" / "peers" / f"gen_{name}_server.py"

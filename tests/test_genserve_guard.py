@@ -96,6 +96,12 @@ def test_serve_ladder_flag_is_checked_before_the_model_loads() -> None:
     assert config_from_args(argparse.Namespace(itl_cap_ms=250.0)).sched.itl_cap_s == 0.25
     with pytest.raises(LatencyLabError, match="unknown ladder rung 'bf16'"):
         config_from_args(argparse.Namespace(ladder="fp32,bf16"))
+    assert config_from_args(argparse.Namespace()).engine == "padded"
+    assert config_from_args(argparse.Namespace(gen_engine="packed")).engine == "packed"
+    with pytest.raises(LatencyLabError, match="choose from padded, packed"):
+        config_from_args(argparse.Namespace(gen_engine="paged"))
+    with pytest.raises(LatencyLabError, match="takes no --prefill-dtype bf16 or auto"):  # one forward, one dtype
+        config_from_args(argparse.Namespace(gen_engine="packed", prefill_dtype="bf16"))
 
 
 def test_the_cache_key_is_the_whole_request_and_only_for_deterministic_answers() -> None:

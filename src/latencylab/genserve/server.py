@@ -26,7 +26,9 @@ log = logging.getLogger("latencylab.genserve")
 ENGINES = ("fp32", "int8")  # the model rungs build_service can make for SmolLM2
 PREFILL_WITH_FROM = "--prefill-dtype with --from: the chosen variant's own precision applies; give one"
 GEN_ENGINES = ("padded", "packed")  # GenServeConfig.engine
-PACKED_WITH_BF16 = "--gen-engine packed runs prefill and decode in one forward: it takes no --prefill-dtype bf16"
+PACKED_WITH_BF16 = (
+    "--gen-engine packed runs prefill and decode in one forward, in one dtype: it takes no --prefill-dtype bf16 or auto"
+)
 
 
 def config_from_args(args: argparse.Namespace) -> GenServeConfig:
@@ -52,14 +54,14 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
         if engine not in GEN_ENGINES:
             raise LatencyLabError(f"--gen-engine {engine!r}: choose from {', '.join(GEN_ENGINES)}")
         over["engine"] = engine
+    if engine == "packed" and getattr(args, "prefill_dtype", None) not in (None, "fp32"):
+        raise LatencyLabError(PACKED_WITH_BF16)
     if getattr(args, "prefill_dtype", None):
         from latencylab.genserve.prefill import resolve
 
         # bf16 on a CPU without native BF16, or beside --from, fails before the model loads
         if resolve(args.prefill_dtype) != "fp32" and source:
             raise LatencyLabError(PREFILL_WITH_FROM)
-        if resolve(args.prefill_dtype) != "fp32" and engine == "packed":
-            raise LatencyLabError(PACKED_WITH_BF16)
         over["prefill_dtype"] = args.prefill_dtype
     engines = ENGINES
     if source:  # the variant an optimize --workload gen search chose is the top rung (genserve/from_optimize.py)
