@@ -221,6 +221,20 @@ def gaps_s(seq: Seq) -> list[float]:
     return [(b - a) / S for a, b in zip(seq.token_ns, seq.token_ns[1:], strict=False)]
 
 
+def long_prompt_joins(**kw: object) -> tuple[Scheduler, FakeEngine, Seq, Seq, int]:
+    """``a`` (40 tokens) decodes; at its 20th token ``b`` (553 tokens) joins; run to the end. Returns the scheduler,
+    the engine, a, b and b's TTFT (ns, to the end of the step that chose its first token)."""
+    s, eng, _clock = make(**kw)  # type: ignore[arg-type]
+    a = s.submit(req(40, 48))
+    while len(a.tokens) < 20:
+        s.step()
+    b = s.submit(req(553, 48))
+    ttft = first_token_delivered(s, b) - b.arrival_ns
+    while s.step() is not None:
+        pass
+    return s, eng, a, b, ttft
+
+
 def test_an_itl_cap_bounds_each_step_where_the_tpot_budget_alone_spends_the_slack_in_one_gap() -> None:
     costs = StepCosts()
     costs.fit_prefill([(8, 0.010 + 8 * 0.004), (128, 0.010 + 128 * 0.004)])
@@ -235,14 +249,7 @@ def test_an_itl_cap_bounds_each_step_where_the_tpot_budget_alone_spends_the_slac
         SchedulerConfig(tpot_slo_s=0.25, itl_cap_s=-1.0)
     results = {}
     for cap in (None, 0.25):
-        s, eng, _clock = make(itl_cap_s=cap)  # type: ignore[arg-type]
-        a = s.submit(req(40, 48))
-        while len(a.tokens) < 20:
-            s.step()
-        b = s.submit(req(553, 48))
-        ttft = first_token_delivered(s, b) - b.arrival_ns
-        while s.step() is not None:
-            pass
+        _s, eng, a, b, ttft = long_prompt_joins(itl_cap_s=cap)
         results[cap] = (max(gaps_s(a)), len(prefills_of(eng, b)), ttft, tpot_s(a))
     (gap_off, n_off, ttft_off, tpot_off), (gap_on, n_on, ttft_on, tpot_on) = results[None], results[0.25]
     assert gap_off > 2.0 and n_off == 1  # the whole prompt in one step: a 2.4-s gap in a's stream
@@ -252,12 +259,14 @@ def test_an_itl_cap_bounds_each_step_where_the_tpot_budget_alone_spends_the_slac
     assert tpot_on <= tpot_off <= 0.9 * TPOT_SLO
 
 
-def test_the_forecast_replays_the_itl_capped_budget_exactly() -> None:
-    s, _eng, clock = make(itl_cap_s=0.2)  # type: ignore[arg-type]
+@pytest.mark.parametrize("fused", [False, True], ids=["padded", "fused"])
+def test_the_forecast_replays_the_itl_capped_budget_exactly(fused: bool) -> None:
+    s, _eng, clock = make(itl_cap_s=0.2, fused=fused)  # type: ignore[arg-type]
     first = [s.submit(req(40, 48)) for _ in range(3)]
     while any(q.state != "decode" for q in first):
         s.step()
     s.submit(req(553, 48))
+    s.submit(req(120, 48))  # two prompts ahead: a fused step takes chunks of both in one forward
     now = clock.now_ns
     forecast = s.predicted_ttft_s(req(228, 32))
     new = s.submit(req(228, 32))
@@ -270,15 +279,8 @@ def test_a_fused_engine_gives_a_capped_step_the_forward_it_already_pays_for() ->
     # tokens a step instead of 40 (10 ms of it went to the chunk's own forward), and b's first token comes earlier
     out = {}
     for fused in (False, True):
-        s, eng, _clock = make(itl_cap_s=0.25, fused=fused)  # type: ignore[arg-type]
+        s, eng, a, b, ttft = long_prompt_joins(itl_cap_s=0.25, fused=fused)
         assert s.fused is fused and s.costs.fused is fused
-        a = s.submit(req(40, 48))
-        while len(a.tokens) < 20:
-            s.step()
-        b = s.submit(req(553, 48))
-        ttft = first_token_delivered(s, b) - b.arrival_ns
-        while s.step() is not None:
-            pass
         chunks = eng.chunks_of(b.id) if isinstance(eng, FusedFakeEngine) else prefills_of(eng, b)
         out[fused] = (max(gaps_s(a)), [e - st for st, e in chunks], ttft)
         assert s.costs.prefill_per_token_s == pytest.approx(0.0043)  # learnt over the decode's predicted cost
@@ -289,19 +291,6 @@ def test_a_fused_engine_gives_a_capped_step_the_forward_it_already_pays_for() ->
     # every step of b's prefill after its first one also decoded a: one forward each
     mixed = [c for c in eng.calls if c[0] == "mixed" and any(i == b.id for i, _, _ in c[1])]
     assert all(c[2] == (a.id,) for c in mixed)
-
-
-def test_the_forecast_replays_the_fused_capped_budget_exactly() -> None:
-    s, _eng, clock = make(itl_cap_s=0.2, fused=True)  # type: ignore[arg-type]
-    first = [s.submit(req(40, 48)) for _ in range(3)]
-    while any(q.state != "decode" for q in first):
-        s.step()
-    s.submit(req(553, 48))
-    s.submit(req(120, 48))
-    now = clock.now_ns
-    forecast = s.predicted_ttft_s(req(228, 32))
-    new = s.submit(req(228, 32))
-    assert (first_token_delivered(s, new) - now) / S == pytest.approx(forecast, abs=1e-9)
 
 
 def test_a_fused_step_without_decoders_pays_the_fixed_cost_once_for_all_its_chunks() -> None:

@@ -430,11 +430,7 @@ class Scheduler:
             prefill_tokens += end - s.prefilled
             s.prefilled = end
             if end == s.prompt_len:
-                if first is None:
-                    raise RuntimeError("the engine gave no first token at the end of a prompt")
-                s.state = "decode"
-                s.first_token_ns = c1
-                self._take(s, first, c1, tokens, ended)
+                self._first(s, first, c1, tokens, ended)
         t1 = self.now_ns()
         # decode: one forward over the sequences whose prefill ended before this step
         live = [s for s in decoding if not s.finished]
@@ -510,11 +506,7 @@ class Scheduler:
         for (s, _b, end), first in zip(chunks, firsts, strict=True):
             s.prefilled = end
             if end == s.prompt_len:
-                if first is None:
-                    raise RuntimeError("the engine gave no first token at the end of a prompt")
-                s.state = "decode"
-                s.first_token_ns = t2
-                self._take(s, first, t2, tokens, ended)
+                self._first(s, first, t2, tokens, ended)
         for s, tok in zip(live, out, strict=True):
             self._take(s, tok, t2, tokens, ended)
         return self._finish_step(start, t0, t1, t2, n_prefill, len(live), tokens, ended, cancelled, joined)
@@ -577,6 +569,14 @@ class Scheduler:
             self.running.append(head)
             joined.append(head)
         return joined
+
+    def _first(self, s: Seq, first: int | None, t: int, tokens: list[tuple[Seq, int]], finished: list[Seq]) -> None:
+        """``s``'s prompt is in: its first token, chosen at ``t``; it decodes from the next step."""
+        if first is None:
+            raise RuntimeError("the engine gave no first token at the end of a prompt")
+        s.state = "decode"
+        s.first_token_ns = t
+        self._take(s, first, t, tokens, finished)
 
     def _take(self, s: Seq, tok: int, t: int, tokens: list[tuple[Seq, int]], finished: list[Seq]) -> None:
         s.tokens.append(tok)
