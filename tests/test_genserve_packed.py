@@ -108,3 +108,23 @@ def test_a_model_that_is_not_llama_shaped_is_refused_with_the_reason() -> None:
     assert "embed_tokens" in supports_packed(NotLlama())
     with pytest.raises(LatencyLabError, match="packed engine cannot run"):
         PackedEngine(NotLlama())
+
+
+@pytest.mark.parametrize("method", ["dynamic", "weight"])
+def test_the_int8_rungs_run_in_the_packed_engine_as_in_the_padded_one(tiny, method: str) -> None:  # type: ignore[no-untyped-def]
+    """The guard's INT8 standby (genserve/int8.py) on the packed engine: its projections are replaced modules
+    (PyTorch dynamic INT8, or the weight-only one), called as modules; tokens equal the padded engine's."""
+    from latencylab.genserve.engine import TorchEngine
+    from latencylab.genserve.int8 import quantize_int8
+    from latencylab.genserve.packed import PackedEngine
+
+    q = quantize_int8(tiny, method)
+    prompts = [prompt(n, 60 + i) for i, n in enumerate((9, 23, 14))]
+    got = {}
+    for kind, eng in (("padded", TorchEngine(q)), ("packed", PackedEngine(q))):
+        sched = Scheduler(eng, SchedulerConfig(max_num_seqs=2, prefill_chunk_tokens=8))
+        seqs = [sched.submit(GenRequest(p, 8)) for p in prompts]
+        while sched.step() is not None:
+            pass
+        got[kind] = [s.tokens for s in seqs]
+    assert got["packed"] == got["padded"] and all(len(t) == 8 for t in got["packed"])

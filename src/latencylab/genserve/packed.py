@@ -253,5 +253,7 @@ class PackedEngine:
             y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # [1, heads, N, head_dim]
             h = h + attn.o_proj(y.transpose(1, 2).reshape(1, n_tok, nh * hd))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if not need:  # chunks that end no prompt and no decode rows: no token to choose, no LM head to run
+            return None
         last = inner.norm(h[:, need])  # only the rows whose next token is wanted
         return self.model.lm_head(last)[0].float()
