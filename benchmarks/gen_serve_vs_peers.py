@@ -21,6 +21,9 @@ One run, same machine, same prompts, same objectives for every server:
       benchmarks/peers/tfserve_setup.sh``): its stream ends without ``data: [DONE]``, which the generator
       counts as an error, so it is measured through benchmarks/peers/sse_done_relay.py (on the generator's
       core), which adds it and passes everything else through.
+    - variants of latencylab, only when named in ``--only``: ``latencylab-packed`` (``--gen-engine packed
+      --itl-cap-ms 250``: a step's prefill chunks and decode tokens in one forward, genserve/packed.py) and
+      ``latencylab-bf16p`` (``--prefill-dtype bf16``); each gets the 70%-of-naive and 2x-overload steps too.
 * Load: ``latencylab load``'s streaming generator (``gen_load_test``, ``--api chat``), Poisson arrivals over
   the gen workload's 16 built-in prompts with their own ``max_tokens`` capped at ``--max-tokens`` (48), the same
   seed for the same rate on every server, every request's TTFT and TPOT from its intended send time.
