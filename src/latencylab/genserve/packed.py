@@ -197,14 +197,12 @@ class PackedEngine:
         for slot, p0, n in segs:
             slot.length = p0 + n
         rows = iter(range(len(need)))
-        firsts: list[int | None] = []
-        for seq, _start, end in chunks:
-            if end == seq.prompt_len:
-                with torch.inference_mode():
-                    firsts.append(pick(logits[next(rows)], decode_config(seq.req.sampling), seq.generator))
-            else:
-                firsts.append(None)
         with torch.inference_mode():
+            firsts = [
+                pick(logits[next(rows)], decode_config(seq.req.sampling), seq.generator) if end == seq.prompt_len
+                else None
+                for seq, _start, end in chunks
+            ]  # fmt: skip
             out = [pick(logits[next(rows)], decode_config(s.req.sampling), s.generator) for s in seqs]
         return firsts, out
 

@@ -211,7 +211,9 @@ class Engine(Protocol):
         """Free ``seq``'s cache (it has left the batch)."""
 
     # optional: ``cached_prefix(prompt_ids) -> int``, the leading prompt tokens a prefix cache holds (the
-    # sequence's prefill then starts there: genserve/prefix.py); an engine without it has none
+    # sequence's prefill then starts there: genserve/prefix.py); an engine without it has none. A *fused* engine
+    # (``fused = True``, genserve/packed.py) also has ``mixed(chunks, seqs) -> (first tokens, next tokens)``: a
+    # step's chunks and decode batch in one forward, which the scheduler then calls once a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,10 +413,10 @@ class Scheduler:
         if not (prefilling or decoding or cancelled):
             self._step_eta_ns = None
             return None
-        ended: list[Seq] = []  # finished by this step's tokens
-        tokens: list[tuple[Seq, int]] = []
         if self.fused:
             return self._fused_step(start, prefilling, decoding, budget, cancelled, joined)
+        ended: list[Seq] = []  # finished by this step's tokens
+        tokens: list[tuple[Seq, int]] = []
         # prefill: the oldest sequences first, up to the token budget
         t0 = self.now_ns()
         prefill_tokens = 0

@@ -135,20 +135,19 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
         raise LatencyLabError(f"engine {cfg.engine!r}: choose from {', '.join(GEN_ENGINES)}")
     if cfg.engine == "packed" and prefill != "fp32":
         raise LatencyLabError(PACKED_WITH_BF16)
-    make: Any = TorchEngine
-    if cfg.engine == "packed":  # a step's chunks and decode batch in one forward (genserve/packed.py)
-        from latencylab.genserve.packed import PackedEngine
 
-        make = PackedEngine
+    def make(model: Any, prefill: str = "fp32") -> Any:
+        if cfg.engine == "packed":  # a step's chunks and decode batch in one forward (genserve/packed.py)
+            from latencylab.genserve.packed import PackedEngine
+
+            return PackedEngine(model)
+        return TorchEngine(model, prefill_model=prefill_model(model, prefill))
+
     standby = {name: make(m) for name, m in engines.items() if name != top and name in cfg.ladder}
     if top != "fp32" and prefill != "fp32":  # the prefill copy is of the FP32 model, not of a quantised rung
         log.warning("--prefill-dtype %s: not applied, the top rung is %s (it keeps its own forward)", prefill, top)
         prefill = "fp32"
-    main = (
-        make(engines[top])
-        if cfg.engine == "packed"
-        else TorchEngine(engines[top], prefill_model(engines[top], prefill))
-    )
+    main = make(engines[top], prefill)
     codec = HfCodec(lm.tokenizer)
     if cfg.prefix_cache:  # the chat template's fixed prefix, prefilled once per model rung (genserve/prefix.py)
         from latencylab.genserve.prefix import chat_prefix
