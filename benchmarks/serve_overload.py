@@ -185,11 +185,12 @@ def capacity_search(
     # hiccup) is kept when at most --max-late-fraction of its sends were late (their latency counts from the
     # intended send, so it can only look worse), else rerun (twice at most); both are counted per step.
     chunks: list[dict[str, Any]] = []  # per chunk: its rate and the server's speed readings (step_speed)
+    phase = ["search"]  # "refine" from the refine phase's first chunk (its rates may repeat a bisection step's)
     cfg = SearchConfig(
         start_rate=args.start_rate, precision=0.05, chunk_s=args.step_duration, max_chunks=args.max_chunks,
         warmup_s=args.warmup, search_warmup_s=args.step_duration, confidence=0.95,
         max_late_fraction=args.max_late_fraction, invalid_retries=args.busy_retries,
-        max_error_fraction=args.max_shed, cooldown_s=args.cooldown,
+        max_error_fraction=args.max_shed, cooldown_s=args.cooldown, refine_rounds=args.refine_rounds,
     )  # fmt: skip
 
     def measure(rate: float, seconds: float, s: int, abort_when: Any) -> Segment:
@@ -204,7 +205,8 @@ def capacity_search(
         time.sleep(0.3)  # let the server drain before the next chunk
         stages = (res.server or {}).get("server_stages_mean_ms") or {}
         chunks.append({
-            "valid": fc.cpus <= FOREIGN_CPU_LIMIT and fc.steal <= STEAL_LIMIT,
+            "valid": fc.cpus <= FOREIGN_CPU_LIMIT and fc.steal <= STEAL_LIMIT, "phase": phase[0],
+            "sent": int(rec.intended_ns.size), "steal": fc.steal,
             "rate": rate, "requests": int((res.server or {}).get("server_requests") or 0), "ok": int(res.summary["ok"]),
             "preprocess_ms": stages.get("preprocess"), "server_cpu_s": proc_cpu_s(server_pid) - cpu0,
         })  # fmt: skip
@@ -216,11 +218,23 @@ def capacity_search(
             return dataclasses.replace(seg, valid=False, late_only=False, why_invalid=why)
         return seg
 
+    def on_chunk(c: dict[str, Any]) -> None:
+        # the refine phase's chunks (interleaved rounds): one line each, with the host's speed reading
+        if c.get("phase") != "refine":
+            return
+        phase[0] = chunks[-1]["phase"] = "refine"
+        last = chunks[-1]
+        print(f"    refine round {c['round']} at {c['offered_rate']:g}/s: {last['ok']} ok of {last['sent']} sent, "
+              f"preprocess {fmt(last['preprocess_ms'], '.3f')} ms, steal {last['steal']:.3f}"
+              f"{'' if c['counted'] else ' (not counted)'}", flush=True)  # fmt: skip
+
     def on_step(s: dict[str, Any]) -> None:
         # the step's speed readings, into the step itself (the dict the search keeps in Capacity.steps)
-        s.update(step_speed([c for c in chunks if c["rate"] == s["offered_rate"]]))
+        ph = s.get("phase", "search")
+        s.update(step_speed([c for c in chunks if c["rate"] == s["offered_rate"] and c["phase"] == ph]))
         print(
-            f"  offered {s['offered_rate']:7.1f}/s  goodput {fmt(s.get('goodput'))}/s  "
+            f"  {'refined' if ph == 'refine' else 'offered'} {s['offered_rate']:7.1f}/s  "
+            f"goodput {fmt(s.get('goodput'))}/s  "
             f"p99 {fmt(s.get('p99_ms'), '.2f')} ms  sent {s.get('sent')}  {s['chunks']} chunks "
             f"(server: preprocess {fmt(s['server_preprocess_ms'], '.3f')} ms a request, "
             f"CPU {fmt(s['server_cpu_ms_per_ok'], '.2f')} ms an ok)  "
@@ -230,7 +244,7 @@ def capacity_search(
         )
 
     # each rate is one step (the start rate's discarded warm-up run counts in with it)
-    return search_capacity(measure, slo, cfg, seed=seed, on_step=on_step)
+    return search_capacity(measure, slo, cfg, seed=seed, on_step=on_step, on_chunk=on_chunk)
 
 
 def step_speed(chunks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -388,6 +402,11 @@ def main() -> int:
     ap.add_argument("--max-chunks", type=int, default=6, help="chunks per capacity step at most (at least 3)")
     ap.add_argument("--warmup", type=float, default=1.5, help="seconds left out at the start of every chunk")
     ap.add_argument(
+        "--refine-rounds", type=int, default=4,
+        help="capacity: after a 15%% bracket, this many interleaved rounds over a grid of rates around it, judged on "
+        "a monotone fit (load/capacity_refine.py; 0 = bisect to 5%% and stop, the search before session 22)",
+    )  # fmt: skip
+    ap.add_argument(
         "--max-late-fraction", type=float, default=0.05,
         help="capacity: keep a chunk whose only flaw is this fraction of sends > 1 ms late (default 5%%)",
     )  # fmt: skip
@@ -459,6 +478,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON")
     args = ap.parse_args()
+    if args.refine_rounds < 0:
+        ap.error(f"--refine-rounds must be at least 0, got {args.refine_rounds}")
     if args.max_chunks < 3:  # the search's p99 test needs 3 chunks (load/early_stop.MIN_BLOCKS)
         ap.error(f"--max-chunks must be at least 3, got {args.max_chunks}")
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
@@ -734,10 +755,12 @@ def probe_ms(run: dict[str, Any]) -> float | None:
 
 
 def capacity_preprocess_ms(run: dict[str, Any]) -> float | None:
-    """The server's mean preprocess ms a request during the capacity step itself (step_speed), or None."""
+    """The server's mean preprocess ms a request during the capacity step itself (step_speed), or None: the
+    refine phase's row at that rate where there is one (its rows come last), else the bisection's step."""
     cap = run.get("capacity", {})
     rate = cap.get("capacity_rate")
-    return next((s.get("server_preprocess_ms") for s in cap.get("steps", []) if s["offered_rate"] == rate), None)
+    steps = reversed(cap.get("steps", []))
+    return next((s.get("server_preprocess_ms") for s in steps if s["offered_rate"] == rate), None)
 
 
 def _spread(values: list[float]) -> dict[str, Any]:

@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ld.add_argument("--repeat", type=positive_int, default=1, help="capacity: K searches; median and min-max")
     ld.add_argument("--precision", type=fraction, default=0.05, help="capacity bracket width (relative)")
+    ld.add_argument(
+        "--refine-rounds", type=int, default=0,
+        help="capacity: after a 15%% bracket, N interleaved rounds over a grid of rates around it, judged on a "
+        "monotone fit (for a host whose speed drifts within minutes; 0 = off)",
+    )  # fmt: skip
     ld.add_argument("--token", help="bearer token sent as Authorization header")
     ld.add_argument(
         "--request-start-header",

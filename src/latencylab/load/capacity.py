@@ -25,6 +25,9 @@ reproducible: repeated on the same machine and code its answer should move by a 
 * **Bracket, then bisect.** From ``start_rate`` the rate doubles until a step fails (halves until one passes),
   then the interval between the last passing and the first failing rate is bisected until it is within
   ``precision``.
+* **Refine (optional, ``refine_rounds``).** The bisection stops at a coarser bracket and a grid of rates around
+  it is measured in interleaved rounds and judged on a monotone fit (``latencylab.load.capacity_refine``): on a
+  host whose speed moves within minutes, every rate sees every phase, and a flat curve's noise is pooled.
 * **Repeats.** ``repeat_capacity`` runs K independent searches (their own seeds) and reports the median, the
   min-max and the spread (largest deviation from the median, relative), so a capacity is never quoted
   without its reproducibility.
@@ -170,6 +173,14 @@ class SearchConfig:
     # slack, its queue estimates) relaxes from the step before, so a step's verdict does not depend on the path
     # the bisection took to it (after a 2x-overloaded step, a learned margin at its ceiling sheds the next one)
     cooldown_s: float = 0.0
+    # The refine phase (load/capacity_refine.py): 0 = off. Otherwise the bisection stops at ``refine_bracket``
+    # (first failing / last passing - 1) and a grid in steps of ``precision`` from ``refine_below`` steps under the
+    # passing rate to ``refine_above`` over the failing one is measured in this many interleaved rounds, one chunk
+    # per rate a round, and judged on a monotone fit: the answer no longer rests on which steps met a fast minute
+    refine_rounds: int = 0
+    refine_bracket: float = 0.15
+    refine_below: int = 2
+    refine_above: int = 1
 
     def __post_init__(self) -> None:
         if not (self.start_rate > 0 and self.max_rate >= self.start_rate):
@@ -182,6 +193,8 @@ class SearchConfig:
             raise ValueError(f"need {MIN_BLOCKS} <= min_chunks <= max_chunks")
         if self.early_stop_decisive < 1 or self.cooldown_s < 0:
             raise ValueError("need early_stop_decisive >= 1 and cooldown_s >= 0")
+        if self.refine_rounds < 0 or self.refine_below < 0 or self.refine_above < 0 or not 0 < self.refine_bracket < 1:
+            raise ValueError("need refine_rounds, refine_below, refine_above >= 0 and 0 < refine_bracket < 1")
         if self.max_steps < 1 or self.invalid_retries < 0 or self.max_late_sends < 0:
             raise ValueError("max_chunks and max_steps >= 1, invalid_retries and max_late_sends >= 0")
 
@@ -423,6 +436,7 @@ def search_capacity(
     rate = cfg.start_rate
     reason = f"stopped after {cfg.max_steps} steps"
     decided_fail = False  # the bracket's end: only a decided failure stops the doubling
+    width = max(cfg.precision, cfg.refine_bracket) if cfg.refine_rounds else cfg.precision
     generator_bound = False
     for _ in range(cfg.max_steps):
         if steps and cfg.cooldown_s > 0:
@@ -465,7 +479,7 @@ def search_capacity(
         if top is None:
             reason = f"passes at {lo:g}/s; no failure above it"
             break
-        if top / lo - 1 <= cfg.precision:
+        if top / lo - 1 <= width:
             if gen is not None and top == gen["offered_rate"] and top != hi:
                 generator_bound = True
                 reason = (
@@ -473,11 +487,39 @@ def search_capacity(
                     f"measured there: the capacity is at least {lo:g}/s (a lower bound; {gen['why']})"
                 )
             else:
-                reason = f"bracketed within {cfg.precision:.0%}: passes at {lo:g}/s, fails at {top:g}/s"
+                reason = f"bracketed within {width:.0%}: passes at {lo:g}/s, fails at {top:g}/s"
+                if cfg.refine_rounds:
+                    return _refined(measure, slo, cfg, seed, steps, lo, top, reason, on_step, on_chunk, sleep)
             break
         rate = (lo + top) / 2
     lo, _ = _bracket(steps)
     return Capacity(slo.describe(), lo, best_goodput, tuple(steps), reason, generator_bound)
+
+
+def _refined(
+    measure: MeasureFn, slo: Slo, cfg: SearchConfig, seed: int, steps: list[dict[str, Any]], lo: float, top: float,
+    bracket: str, on_step: Callable[[dict[str, Any]], None] | None,
+    on_chunk: Callable[[dict[str, Any]], None] | None, sleep: Callable[[float], None],
+) -> Capacity:  # fmt: skip
+    """The refine phase after a bracket (load/capacity_refine.py): its rows join the steps (``phase`` "refine"),
+    and its fit is the answer. Where even its lowest rate is over an allowance, the answer is the highest
+    bisection pass below the refined rates (or none), and the reason says so."""
+    from latencylab.load.capacity_refine import refine
+
+    ref = refine(measure, slo, cfg, seed, lo, top, on_chunk, sleep)
+    for row in ref.rows:  # ascending in rate, after the bisection's steps
+        steps.append(row)
+        if on_step is not None:
+            on_step(row)
+    cap, goodput, reason = ref.capacity_rate, ref.goodput, f"{bracket}; {ref.reason}"
+    if cap is None:
+        low = min(r["offered_rate"] for r in ref.rows)
+        below = [s for s in steps if s.get("phase") != "refine" and s["passed"] and s["offered_rate"] < low]
+        best = max(below, key=lambda s: s["offered_rate"]) if below else None
+        cap = None if best is None else best["offered_rate"]
+        goodput = None if best is None else best.get("goodput")
+        reason += f"; the highest passing step below it: {cap:g}/s" if cap is not None else "; nothing passed below it"
+    return Capacity(slo.describe(), cap, goodput, tuple(steps), reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,7 @@ class LoadOptions:
     max_late: float = 0.01
     repeat: int = 1
     precision: float = 0.05
+    refine_rounds: int = 0
     token: str | None = None
     request_start_header: bool = False
     spin: str = "auto"
@@ -241,7 +242,7 @@ def _find_capacity(
             start_rate=opts.start_rate, max_rate=opts.max_rate, precision=opts.precision,
             chunk_s=opts.step_duration, max_chunks=max(opts.max_chunks, 3), warmup_s=opts.warmup,
             confidence=opts.confidence, search_warmup_s=opts.search_warmup,
-            max_late_fraction=opts.max_late,
+            max_late_fraction=opts.max_late, refine_rounds=opts.refine_rounds,
         )  # fmt: skip
     except ValueError as exc:
         raise LatencyLabError(f"--find-capacity: {exc}") from exc
@@ -272,7 +273,8 @@ def _find_capacity(
         mark = {"pass": "pass", "fail": "FAIL"}.get(step["verdict"], "pass?" if step["passed"] else "FAIL?")
         console.print(
             escape(
-                f"  offered {step['offered_rate']:.1f}/s  achieved {step.get('achieved_rate') or 0:.1f}/s  "
+                f"  {'refined' if step.get('phase') == 'refine' else 'offered'} {step['offered_rate']:.1f}/s  "
+                f"achieved {step.get('achieved_rate') or 0:.1f}/s  "
                 f"{step['chunks']} x {opts.step_duration:g} s  {mark}: {step['why']}"
             )
         )

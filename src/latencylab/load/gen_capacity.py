@@ -117,7 +117,7 @@ def run_gen_capacity(
             chunk_s=opts.step_duration, max_chunks=max(opts.max_chunks, 3), warmup_s=opts.warmup,
             search_warmup_s=min(5.0, opts.step_duration), confidence=opts.confidence,
             # the generator's own abort rule counts end-to-end latency; token objectives are judged per chunk
-            early_stop=False,
+            early_stop=False, refine_rounds=opts.refine_rounds,
         )  # fmt: skip
     except ValueError as exc:
         raise LatencyLabError(f"--find-capacity: {exc}") from exc
@@ -145,7 +145,8 @@ def run_gen_capacity(
         mine = [p for p in pending if p[0] == step["offered_rate"]]
         step["ttft_p99_ms"] = _pooled_p99([p[1] for p in mine])
         step["tpot_p99_ms"] = _pooled_p99([p[2] for p in mine])
-        pending.clear()
+        if step.get("phase") != "refine":  # the refine rows come together after all their chunks
+            pending.clear()
         mark = {"pass": "pass", "fail": "FAIL"}.get(step["verdict"], "pass?" if step["passed"] else "FAIL?")
         tok = "  ".join(
             f"{k} p99 {'-' if step[f'{k}_p99_ms'] is None else format(step[f'{k}_p99_ms'], '.1f') + ' ms'}"
@@ -153,7 +154,8 @@ def run_gen_capacity(
         )
         console.print(
             escape(
-                f"  offered {step['offered_rate']:.2f}/s  achieved {step.get('achieved_rate') or 0:.2f}/s  "
+                f"  {'refined' if step.get('phase') == 'refine' else 'offered'} {step['offered_rate']:.2f}/s  "
+                f"achieved {step.get('achieved_rate') or 0:.2f}/s  "
                 f"{step['chunks']} x {opts.step_duration:g} s  {tok}  {mark}: {step['why']}"
             )
         )
