@@ -191,6 +191,7 @@ def duration_for(cfg: Config, rate: float) -> float:
 GEN_METRICS = (
     ("decode_step", "latencylab_gen_decode_step_seconds"), ("decode_batch", "latencylab_gen_decode_batch_size"),
     ("prefill_step", "latencylab_gen_prefill_step_seconds"), ("queue", "latencylab_gen_queue_seconds"),
+    ("forecast_ratio", "latencylab_gen_admission_forecast_ratio"),
 )  # fmt: skip
 
 
@@ -205,6 +206,17 @@ def gen_metrics(url: str) -> dict[tuple[str, str], float]:
     return m if any(k[0].startswith("latencylab_gen_") for k in m) else {}
 
 
+KEYS = ("prefilling", "prefill_ms_per_token", "prefill_overhead_ms", "decode_ms", "rest_of_step_ms")
+
+
+def recent_sheds(url: str, model: str) -> list[dict[str, Any]]:
+    """latencylab's last refusals on the TTFT deadline, with their forecast, scale and allowance (its guard route)."""
+    status, body = http(f"{url}/v2/models/{model}/guard", timeout_s=5.0)
+    if status != 200:
+        return []
+    return list((json.loads(body).get("admission") or {}).get("recent_sheds") or [])
+
+
 def where_time_went(after: dict[tuple[str, str], float], before: dict[tuple[str, str], float]) -> dict[str, float]:
     """Per step: decode steps and their mean ms and batch, prefill seconds, mean queue ms (from /metrics)."""
     if not after:
@@ -217,6 +229,9 @@ def where_time_went(after: dict[tuple[str, str], float], before: dict[tuple[str,
         out[f"{key}_mean"] = total / n if n else 0.0
         out[f"{key}_total"] = total
     out["shed"] = metric_sum(d, "latencylab_gen_shed_total")
+    # admitted requests whose first token came in at most 0.8 x admission's forecast (a pessimistic forecast)
+    out["forecast_ratio_le_0.8"] = metric_sum(d, "latencylab_gen_admission_forecast_ratio_bucket", le="0.8")
+    out["forecast_ratio_le_1.25"] = metric_sum(d, "latencylab_gen_admission_forecast_ratio_bucket", le="1.25")
     return out
 
 
@@ -283,7 +298,12 @@ def describe(st: Step) -> str:
     if w.get("decode_step_n"):
         w_s = (f"  [decode {w['decode_step_n']:.0f} steps x {w['decode_step_mean'] * 1e3:.0f} ms, batch "
                f"{w['decode_batch_mean']:.1f}; prefill {w['prefill_step_total']:.1f} s; queue "
-               f"{w['queue_mean'] * 1e3:.0f} ms]")  # fmt: skip
+               f"{w['queue_mean'] * 1e3:.0f} ms")  # fmt: skip
+        if w.get("forecast_ratio_n"):  # actual / forecast TTFT of the admitted: < 1, admission was pessimistic
+            over = w["forecast_ratio_n"] - w["forecast_ratio_le_1.25"]
+            w_s += (f"; TTFT / forecast {w['forecast_ratio_mean']:.2f} mean of {w['forecast_ratio_n']:.0f}, "
+                    f"{w['forecast_ratio_le_0.8']:.0f} <= 0.8, {over:.0f} > 1.25")  # fmt: skip
+        w_s += "]"
     else:
         w_s = ""
     why = w_s + ("" if not st.errors else "  errors: " + "; ".join(f"{k} x{v}" for k, v in list(st.errors.items())[:3]))
@@ -494,6 +514,11 @@ def measure_overload(
         drain(srv)
         st = run_step(srv, model, rate, "overload-2x", cfg, prompts)
         log(describe(st))
+        for d in recent_sheds(srv.url, model):
+            log(f"    refused {d['age_s']:.1f} s before the end: forecast {d['forecast_s']:.2f} s x {d['scale']:.2f} > "
+                f"allowed {d['allowed_s']:.2f} s; prompt {d['prompt_tokens']} tokens, running {d['running']} "
+                f"(max {d['max_batch']}), waiting {d['waiting']}; "
+                f"{json.dumps({k: d.get(k) for k in KEYS})}")  # fmt: skip
     finally:
         srv.stop()
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -163,3 +163,37 @@ def test_bad_admission_settings() -> None:
         SchedulerConfig(ttft_target_fraction=0.0)
     with pytest.raises(ValueError, match="forecast_quantile"):
         SchedulerConfig(forecast_quantile=1.5)
+
+
+def test_a_refusal_is_kept_with_what_decided_it() -> None:
+    """``recent_sheds`` (served under GET /v2/models/{m}/guard, "admission"): the forecast, its scale, the
+    allowance and the batch's state of each refusal on the deadline, so a refusal can be checked afterwards."""
+    s, clock = make()
+    busy(s)
+    forecast = s.predicted_ttft_s(req(300, 32))
+    with pytest.raises(Shed):
+        s.submit(req(300, 32, deadline=clock.now_ns + int(1.5 * S)))
+    (d,) = s.recent_sheds
+    assert d["forecast_s"] == pytest.approx(forecast, rel=1e-3) and d["scale"] == 1.0
+    assert d["allowed_s"] == pytest.approx(0.9 * 1.5, rel=1e-3)  # ttft_target_fraction of the time left
+    assert d["prompt_tokens"] == 300 and d["running"] == 5 and d["waiting"] == 2
+    assert d["prefill_ms_per_token"] == pytest.approx(2.0) and d["prefill_overhead_ms"] == pytest.approx(10.0)
+    assert d["decode_ms"][1] == pytest.approx(68.0)
+
+
+def test_every_admitted_request_with_a_deadline_keeps_its_forecast_and_the_metric_reads_actual_over_it() -> None:
+    from latencylab.genserve.metrics import GenMetrics
+
+    s, clock = make(engine_scale=1.5)  # the engine runs 1.5x the costs the model believes
+    m = GenMetrics("gen", s.cfg.kv_budget_tokens)
+    far = s.submit(req(40, 4, deadline=clock.now_ns + 100 * S))  # far from its deadline: not a ForecastError sample
+    assert far.predicted_s is not None and far.forecast_s is None
+    none = s.submit(req(40, 4))
+    assert none.predicted_s is None  # no deadline, no forecast
+    while (rep := s.step()) is not None:
+        m.observe_step(rep)
+    ratio = (far.first_token_ns - far.arrival_ns) / 1e9 / far.predicted_s
+    assert ratio > 1.2  # the engine was slower than the model
+    text = m.exposition().decode()
+    assert 'latencylab_gen_admission_forecast_ratio_count{model="gen"} 1.0' in text
+    assert f'latencylab_gen_admission_forecast_ratio_sum{{model="gen"}} {ratio}' in text

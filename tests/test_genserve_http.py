@@ -176,7 +176,14 @@ def test_admission_sheds_with_503_and_retry_after() -> None:
     svc.sched.costs.prefill_per_token_s = 0.01  # 10 ms a token: any prompt misses a 1-ms TTFT deadline
     with serve_in_thread(svc) as u:
         status, headers, body = post(u, "/v1/completions", {"prompt": "hello"})
+        code, raw = get(u, "/v2/models/gen/guard")
+    assert code == 200
+    snap = json.loads(raw)
     assert status == 503 and int(headers["retry-after"]) >= 1 and "overloaded (deadline)" in body.decode()
+    # the refusal, with what decided it, in the guard route's admission block
+    (shed,) = snap["admission"]["recent_sheds"]
+    assert shed["forecast_s"] * shed["scale"] > shed["allowed_s"] and shed["prefill_ms_per_token"] == 10.0
+    assert snap["admission"]["forecast_scale"] == 1.0 and shed["age_s"] >= 0
 
 
 def test_a_client_that_disconnects_frees_its_slot_within_a_step() -> None:

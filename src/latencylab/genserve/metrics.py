@@ -71,6 +71,12 @@ class GenMetrics:
             "What admission multiplies its TTFT forecast by: the recent actual / forecast of near-deadline requests.",
             labels, registry=r,
         )  # fmt: skip
+        self.forecast_ratio = Histogram(
+            "latencylab_gen_admission_forecast_ratio",
+            "Actual TTFT / admission's unscaled TTFT forecast, per admitted request with a deadline (< 1: the "
+            "forecast was pessimistic and may have refused what could have been served).",
+            labels, buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0), registry=r,
+        )  # fmt: skip
         # the SLO guard's ladder (docs/genserve.md)
         self.ladder_level = Gauge(
             "latencylab_gen_ladder_level", "The guard's rung (0 = the top of the ladder).", labels, registry=r
@@ -153,6 +159,8 @@ class GenMetrics:
         m = self.model
         if s.first_token_ns is not None:
             self.ttft.labels(m).observe((s.first_token_ns - s.arrival_ns) / 1e9)
+            if s.predicted_s:
+                self.forecast_ratio.labels(m).observe((s.first_token_ns - s.arrival_ns) / 1e9 / s.predicted_s)
         if len(s.token_ns) >= 2:
             self.tpot.labels(m).observe((s.token_ns[-1] - s.token_ns[0]) / (len(s.token_ns) - 1) / 1e9)
 

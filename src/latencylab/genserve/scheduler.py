@@ -187,6 +187,7 @@ class Seq:
     generator: Any = None  # the engine's sampler state (a seeded torch.Generator)
     user: Any = None  # the caller's handle (the HTTP layer's stream)
     forecast_s: float | None = None  # admission's TTFT forecast (unscaled), kept when it was near its deadline
+    predicted_s: float | None = None  # admission's TTFT forecast (unscaled) of every request with a deadline
 
     @property
     def finished(self) -> bool:
@@ -264,6 +265,8 @@ class Scheduler:
         self._cancelled: list[Seq] = []  # cancelled while waiting: reported by the next step
         self.kv_reserved = 0
         self.forecast_error = ForecastError(self.cfg.forecast_quantile)
+        # the last refusals on the deadline, with what decided them (GET /v2/models/{m}/guard: "admission")
+        self.recent_sheds: deque[dict[str, Any]] = deque(maxlen=16)
         self._step_eta_ns: int | None = None  # the predicted end of the step in progress
         self.work = threading.Condition(self._lock)  # notified when something is submitted or cancelled
 
@@ -287,17 +290,29 @@ class Scheduler:
             if len(self.waiting) >= self.cfg.max_waiting:
                 raise Shed("queue_full", max(0.1, self._predicted_ttft_s(req, now, 60.0) or 1.0))
             forecast: float | None = None
+            predicted: float | None = None
             if req.ttft_deadline_ns is not None:
                 left_s = (req.ttft_deadline_ns - now) / 1e9
                 allowed_s = self.cfg.ttft_target_fraction * left_s - self.cfg.margin_s
-                raw = self._predicted_ttft_s(req, now, horizon_s=max(0.0, left_s))
+                raw = predicted = self._predicted_ttft_s(req, now, horizon_s=max(0.0, left_s))
                 planned = raw * self.forecast_error.scale(now)
                 if planned > allowed_s:  # Retry-After: the whole forecast (the replay above stopped at the deadline)
-                    full = self._predicted_ttft_s(req, now, 60.0) * self.forecast_error.scale(now)
+                    scale = self.forecast_error.scale(now)
+                    full = self._predicted_ttft_s(req, now, 60.0) * scale
+                    self.recent_sheds.append({
+                        "at_ns": now, "forecast_s": round(full / scale, 4), "scale": round(scale, 3),
+                        "allowed_s": round(allowed_s, 4), "prompt_tokens": len(req.prompt_ids),
+                        "running": len(self.running), "waiting": len(self.waiting), "max_batch": self.max_batch(),
+                        "prefilling": [s.prompt_len - s.prefilled for s in self.running if s.state == "prefill"],
+                        "prefill_ms_per_token": round(1e3 * (self.costs.prefill_per_token_s or 0.0), 3),
+                        "prefill_overhead_ms": round(1e3 * self.costs.prefill_overhead_s, 2),
+                        "decode_ms": {k: round(v * 1e3, 1) for k, v in sorted(self.costs.decode.by_size.items())},
+                        "rest_of_step_ms": None if self._step_eta_ns is None else (self._step_eta_ns - now) / 1e6,
+                    })  # fmt: skip
                     raise Shed("deadline", max(0.1, full))
                 if self.forecast_error.is_near(planned, allowed_s):
                     forecast = raw
-            seq = Seq(next(self._ids), req, now, user=user, forecast_s=forecast)
+            seq = Seq(next(self._ids), req, now, user=user, forecast_s=forecast, predicted_s=predicted)
             seq.prefilled = seq.cached_tokens = hit
             self.waiting.append(seq)
             self.work.notify_all()

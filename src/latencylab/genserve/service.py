@@ -551,7 +551,8 @@ class GenService:
             self._wake.set()
 
     def snapshot(self) -> dict[str, Any]:
-        """The ladder, the guard's state and the cache's counters (``GET /v2/models/{m}/guard``)."""
+        """The ladder, the guard's state, the cache's counters and admission's last refusals on the deadline (what
+        each forecast, scaled by what, against what it was allowed) (``GET /v2/models/{m}/guard``)."""
         out: dict[str, Any] = {
             "ladder": [{"rung": r.name, "engine": r.engine, "max_tokens_cap": r.cap, "cache": r.cache,
                         **self.info.get(r.name, {})} for r in self.rungs],
@@ -560,6 +561,11 @@ class GenService:
             out["guard"] = self.guard.snapshot()
         if self.cache is not None:
             out["cache"] = self.cache.store.stats()
+        now = self.sched.now_ns()
+        out["admission"] = {
+            "forecast_scale": self.sched.forecast_error.scale(now),
+            "recent_sheds": [{**d, "age_s": round((now - d["at_ns"]) / 1e9, 3)} for d in self.sched.recent_sheds],
+        }
         return out
 
 
