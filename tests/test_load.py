@@ -224,6 +224,8 @@ def test_cli_bad_inputs(tmp_path: Path) -> None:
         assert "t.csv" in p.stderr and "3" in p.stderr
         p = _cli("--url", url, "--model", "reference", "--find-capacity")
         assert p.returncode == 2 and "needs --slo" in p.stderr
+        p = _cli("--url", url, "--model", "reference", "--find-capacity", "--slo", "p99=30ms", "--refine-rounds", "-1")
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and "refine_rounds" in p.stderr
     p = _cli("--url", "ftp://x", "--model", "m")
     assert p.returncode == 2 and "must be an http://host:port URL" in p.stderr
 
