@@ -295,21 +295,12 @@ class Scheduler:
                 left_s = (req.ttft_deadline_ns - now) / 1e9
                 allowed_s = self.cfg.ttft_target_fraction * left_s - self.cfg.margin_s
                 raw = predicted = self._predicted_ttft_s(req, now, horizon_s=max(0.0, left_s))
-                planned = raw * self.forecast_error.scale(now)
+                scale = self.forecast_error.scale(now)
+                planned = raw * scale
                 if planned > allowed_s:  # Retry-After: the whole forecast (the replay above stopped at the deadline)
-                    scale = self.forecast_error.scale(now)
-                    full = self._predicted_ttft_s(req, now, 60.0) * scale
-                    self.recent_sheds.append({
-                        "at_ns": now, "forecast_s": round(full / scale, 4), "scale": round(scale, 3),
-                        "allowed_s": round(allowed_s, 4), "prompt_tokens": len(req.prompt_ids),
-                        "running": len(self.running), "waiting": len(self.waiting), "max_batch": self.max_batch(),
-                        "prefilling": [s.prompt_len - s.prefilled for s in self.running if s.state == "prefill"],
-                        "prefill_ms_per_token": round(1e3 * (self.costs.prefill_per_token_s or 0.0), 3),
-                        "prefill_overhead_ms": round(1e3 * self.costs.prefill_overhead_s, 2),
-                        "decode_ms": {k: round(v * 1e3, 1) for k, v in sorted(self.costs.decode.by_size.items())},
-                        "rest_of_step_ms": None if self._step_eta_ns is None else (self._step_eta_ns - now) / 1e6,
-                    })  # fmt: skip
-                    raise Shed("deadline", max(0.1, full))
+                    full = self._predicted_ttft_s(req, now, 60.0)
+                    self.recent_sheds.append(self._refusal(req, now, full, scale, allowed_s))
+                    raise Shed("deadline", max(0.1, full * scale))
                 if self.forecast_error.is_near(planned, allowed_s):
                     forecast = raw
             seq = Seq(next(self._ids), req, now, user=user, forecast_s=forecast, predicted_s=predicted)
@@ -317,6 +308,26 @@ class Scheduler:
             self.waiting.append(seq)
             self.work.notify_all()
         return seq
+
+    def _refusal(self, req: GenRequest, now: int, forecast_s: float, scale: float, allowed_s: float) -> dict[str, Any]:
+        """What decided a refusal on the deadline (``recent_sheds``): the forecast, its scale, the allowance, the
+        batch and the learnt costs at that moment. Called under the lock."""
+        c = self.costs
+        return {
+            "at_ns": now, "forecast_s": round(forecast_s, 4), "scale": round(scale, 3),
+            "allowed_s": round(allowed_s, 4), "prompt_tokens": len(req.prompt_ids), "running": len(self.running),
+            "waiting": len(self.waiting), "max_batch": self.max_batch(),
+            "prefilling": [s.prompt_len - s.prefilled for s in self.running if s.state == "prefill"],
+            "prefill_ms_per_token": round(1e3 * (c.prefill_per_token_s or 0.0), 3),
+            "prefill_overhead_ms": round(1e3 * c.prefill_overhead_s, 2),
+            "decode_ms": {k: round(v * 1e3, 1) for k, v in sorted(c.decode.by_size.items())},
+            "rest_of_step_ms": None if self._step_eta_ns is None else (self._step_eta_ns - now) / 1e6,
+        }  # fmt: skip
+
+    def refusals(self) -> list[dict[str, Any]]:
+        """The last refusals on the deadline (oldest first), copied under the lock."""
+        with self._lock:
+            return list(self.recent_sheds)
 
     def cancel(self, seq: Seq, reason: str = "cancelled") -> None:
         """End ``seq`` at the next step (its client left): its slot and KV reservation are freed then."""

@@ -564,7 +564,7 @@ class GenService:
         now = self.sched.now_ns()
         out["admission"] = {
             "forecast_scale": self.sched.forecast_error.scale(now),
-            "recent_sheds": [{**d, "age_s": round((now - d["at_ns"]) / 1e9, 3)} for d in self.sched.recent_sheds],
+            "recent_sheds": [{**d, "age_s": round((now - d["at_ns"]) / 1e9, 3)} for d in self.sched.refusals()],
         }
         return out
 

@@ -74,8 +74,7 @@ def grid(lo: float, top: float, precision: float, below: int, above: int, max_ra
 class Refined:
     capacity_rate: float | None  # highest grid rate within both allowances on the fits; None: not even the lowest
     goodput: float | None  # that rate's pooled goodput
-    rows: tuple[dict[str, Any], ...]  # per grid rate, ascending: pooled figures, raw and fitted fractions
-    rounds: int
+    rows: tuple[dict[str, Any], ...]  # per rate measured, ascending: pooled figures, raw and fitted fractions
     reason: str
 
 
@@ -110,13 +109,13 @@ def refine(
     while True:
         grids.append(rates)
         _measure_grid(measure, slo, cfg, seed + 31 * (len(grids) - 1), rates, pools, invalid, on_chunk, sleep)
-        fitted = _fit(pools, invalid, slo, cfg)
+        cap, goodput, rows = _fit(pools, invalid, slo, cfg)
         if len(grids) > 2:
             break
         low, high = min(pools), max(pools)
-        if fitted.capacity_rate is None and low > cfg.start_rate / 64:
+        if cap is None and low > cfg.start_rate / 64:
             rates = grid(low / (1 + cfg.refine_bracket), low, cfg.precision, cfg.refine_below, 0, cfg.max_rate)[:-1]
-        elif fitted.capacity_rate == high and high < cfg.max_rate:
+        elif cap == high and high < cfg.max_rate:
             top_ = min(high * (1 + cfg.refine_bracket), cfg.max_rate)
             rates = grid(high, top_, cfg.precision, 0, cfg.refine_above, cfg.max_rate)[1:]
         else:
@@ -126,7 +125,6 @@ def refine(
     spans = "; ".join(f"{len(g)} rates {g[0]:g}-{g[-1]:g}/s" for g in grids)
     span = f"{spans} x {cfg.refine_rounds} interleaved rounds"
     rates_all = sorted(pools)
-    cap = fitted.capacity_rate
     if cap is None:
         reason = f"refined over {span}: even the lowest rate is over an allowance on the monotone fit"
     elif cap == rates_all[-1]:
@@ -134,7 +132,7 @@ def refine(
     else:
         nxt = rates_all[rates_all.index(cap) + 1]
         reason = f"refined over {span}: within the allowances on the monotone fit up to {cap:g}/s, over at {nxt:g}/s"
-    return Refined(cap, fitted.goodput, fitted.rows, cfg.refine_rounds, reason)
+    return Refined(cap, goodput, rows, reason)
 
 
 def _measure_grid(
@@ -165,9 +163,11 @@ def _measure_grid(
                 invalid[r] += 1
 
 
-def _fit(pools: dict[float, Any], invalid: dict[float, int], slo: Slo, cfg: SearchConfig) -> Refined:
-    """The monotone fit over every rate measured: the rows (ascending) and the highest rate within both
-    allowances."""
+def _fit(
+    pools: dict[float, Any], invalid: dict[float, int], slo: Slo, cfg: SearchConfig
+) -> tuple[float | None, float | None, tuple[dict[str, Any], ...]]:
+    """The monotone fit over every rate measured: (the highest rate within both allowances, its goodput, the rows
+    ascending)."""
     from latencylab.load.capacity import _judge
 
     rates = sorted(pools)
@@ -199,7 +199,7 @@ def _fit(pools: dict[float, Any], invalid: dict[float, int], slo: Slo, cfg: Sear
             "verdict": ("pass" if passed else "fail") if fits else "undecided", "passed": passed,
             "why": _why(over[i], over_fit[i], fail[i], fail_fit[i], allow, cfg.max_error_fraction, pools[r].flagged),
         })  # fmt: skip
-    return Refined(capacity, goodput, tuple(rows), cfg.refine_rounds, "")
+    return capacity, goodput, tuple(rows)
 
 
 def _num(x: float) -> float | None:
