@@ -10,7 +10,10 @@ Chunked prefill: 4 short chats decode (80 tokens each, EOS ignored) while the lo
 tokens) joins every 16 steps (``--joins`` times); printed: the running sequences' ITL p50 / p99 (nearest rank) /
 max and the long prompt's median TTFT, for the prefill policies: none (the whole prompt in one step), a fixed
 128-token chunk a step, the budget tied to the TPOT objective (genserve/budget.py), and that budget with a cap on
-each step's length (``--itl-caps``, SchedulerConfig.itl_cap_s).
+each step's length (``--itl-caps``, SchedulerConfig.itl_cap_s). With ``--deadlines``, each cap runs again with the
+long prompt carrying that TTFT deadline (admission on, learnt costs), once with the cap yielding to the deadline
+(the default: a step passes the cap, within the TPOT plan, while the prompt is behind the first token admission
+planned) and once strict (``itl_cap_yields=False``); ``shed`` counts the long prompts admission refused.
 
 Engines (``--engines``): ``padded`` (genserve/engine.py, as above: a chunk and the decode batch each their own
 forward) and ``packed`` (genserve/packed.py: a step's chunks and decode tokens in one forward, a static K/V buffer
@@ -23,6 +26,7 @@ policy runs on each engine, same prompts, same order, interleaved policy by poli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -40,6 +44,10 @@ def main() -> None:
         "--itl-caps", default="0.25", type=lambda v: [float(x) for x in v.split(",") if x],
         help="chunked prefill: the TPOT-tied budget again with each of these ITL caps, s (SchedulerConfig.itl_cap_s)",
     )  # fmt: skip
+    ap.add_argument(
+        "--deadlines", default="", type=lambda v: [float(x) for x in v.split(",") if x],
+        help="chunked prefill: each cap again with the long prompt's TTFT deadline (s), yielding and strict",
+    )  # fmt: skip
     args = ap.parse_args()
     import torch
 
@@ -47,6 +55,7 @@ def main() -> None:
     from latencylab.genserve.engine import TorchEngine
     from latencylab.genserve.packed import PackedEngine
     from latencylab.genserve.scheduler import GenRequest, Scheduler, SchedulerConfig
+    from latencylab.serve.admission import Shed
     from latencylab.workloads.gen import chat_ids, messages_of
     from latencylab.workloads.gen_model import load_model
     from latencylab.workloads.gen_prompts import builtin_prompts
@@ -93,38 +102,47 @@ def main() -> None:
     print(f"\nchunked prefill: 4 decoding (80 tokens each) while a {len(long_prompt)}-token prompt joins {joins} times")
     print(
         f"{'engine':>6} {'policy':>28} {'ITL p50 ms':>11} {'ITL p99 ms':>11} {'ITL max ms':>11} {'gaps':>5} "
-        f"{'long TTFT ms':>13}"
+        f"{'long TTFT ms':>13} {'shed':>5}"
     )
     from latencylab.genserve.service import GenServeConfig
 
     tpot_slo = GenServeConfig().tpot_slo_s
-    policies = (
-        ("whole prompt (none)", SchedulerConfig(max_num_seqs=8, prefill_chunk_tokens=4096)),
-        ("fixed 128 tokens", SchedulerConfig(max_num_seqs=8, prefill_chunk_tokens=128)),
-        (f"TPOT-tied ({tpot_slo * 1e3:g} ms)", SchedulerConfig(max_num_seqs=8, tpot_slo_s=tpot_slo)),
-        *(
-            (f"TPOT-tied + ITL cap {cap * 1e3:g}", SchedulerConfig(max_num_seqs=8, tpot_slo_s=tpot_slo, itl_cap_s=cap))
-            for cap in args.itl_caps
-        ),
-    )
-    for name, cfg in policies:
+    policies: list[tuple[str, SchedulerConfig, float | None]] = [
+        ("whole prompt (none)", SchedulerConfig(max_num_seqs=8, prefill_chunk_tokens=4096), None),
+        ("fixed 128 tokens", SchedulerConfig(max_num_seqs=8, prefill_chunk_tokens=128), None),
+        (f"TPOT-tied ({tpot_slo * 1e3:g} ms)", SchedulerConfig(max_num_seqs=8, tpot_slo_s=tpot_slo), None),
+    ]
+    for cap in args.itl_caps:
+        policies.append(
+            (f"TPOT-tied + ITL cap {cap * 1e3:g}", SchedulerConfig(max_num_seqs=8, tpot_slo_s=tpot_slo, itl_cap_s=cap),
+             None)
+        )  # fmt: skip
+        for d in args.deadlines:
+            for yields in (True, False):
+                cfg = SchedulerConfig(max_num_seqs=8, tpot_slo_s=tpot_slo, itl_cap_s=cap, itl_cap_yields=yields)
+                policies.append((f"cap {cap * 1e3:g} {'yields' if yields else 'strict'}, TTFT {d:g} s", cfg, d))
+    for name, cfg, deadline in policies:
         for kind in engines:
             eng = make[kind](lm.model)
             sched = Scheduler(eng, cfg)
             short = [sched.submit(GenRequest(tuple(prompts[i]), 80)) for i in range(4)]
             for _ in range(6):
                 sched.step()
-            longs, steps = [], 0
+            longs, steps, tries = [], 0, 0
             while sched.step() is not None:  # a long prompt joins every 16 steps, `joins` times
                 steps += 1
-                if steps % 16 == 1 and len(longs) < joins:
-                    longs.append(sched.submit(GenRequest(tuple(long_prompt), 4)))
+                if steps % 16 == 1 and tries < joins:
+                    tries += 1
+                    due = None if deadline is None else sched.now_ns() + int(deadline * 1e9)
+                    with contextlib.suppress(Shed):  # refused: it cannot meet its deadline on this schedule
+                        longs.append(sched.submit(GenRequest(tuple(long_prompt), 4, ttft_deadline_ns=due)))
             gaps = sorted((b - a) / 1e6 for s in short for a, b in zip(s.token_ns[5:], s.token_ns[6:], strict=False))
-            ttft = statistics.median(((x.first_token_ns or 0) - x.arrival_ns) / 1e6 for x in longs)
+            ttfts = [((x.first_token_ns or 0) - x.arrival_ns) / 1e6 for x in longs]
+            ttft = f"{statistics.median(ttfts):.1f}" if ttfts else "-"
             p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
             print(
                 f"{kind:>6} {name:>28} {statistics.median(gaps):>11.1f} {p99:>11.1f} {gaps[-1]:>11.1f} {len(gaps):>5} "
-                f"{ttft:>13.1f}"
+                f"{ttft:>13} {tries - len(longs):>5}"
             )
 
 

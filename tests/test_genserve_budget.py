@@ -6,6 +6,7 @@ batch only grows while its decode step fits the TPOT plan, and the TTFT forecast
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -302,3 +303,89 @@ def test_a_fused_step_without_decoders_pays_the_fixed_cost_once_for_all_its_chun
     assert rep.end_ns - rep.start_ns == 10 * MS + 160 * int(4.3 * MS)  # one forward: one fixed cost
     assert s._step_cost_s([], 2, 0) == pytest.approx(0.058 + 0.020)
     assert {q.state for q in (a, b)} == {"decode"} and clock.now_ns == rep.end_ns
+
+
+def test_the_deadline_need_is_the_chunk_that_brings_each_prompt_in_by_its_aim() -> None:
+    costs = StepCosts()
+    costs.fit_prefill([(8, 0.010 + 8 * 0.004), (128, 0.010 + 128 * 0.004)])
+    b = PrefillBudget(0.2, min_tokens=16, max_tokens=1024, max_step_s=0.25)
+    # 553 tokens at 4 ms = 2.212 s of prefill; a step's decode 100 ms + 10 ms fixed: an aim of 3.0 s leaves
+    # floor(0.788 / 0.11) = 7 steps, so 79 tokens a step
+    assert b.deadline_tokens([(553, 3.0)], 0.1, costs) == 79
+    # oldest first: the second prompt waits for the first's 553 tokens too (853 ahead, 3.412 s, aim 4.0: 5 steps)
+    assert b.deadline_tokens([(553, 3.0), (300, 4.0)], 0.1, costs) == math.ceil(853 / 5)
+    assert b.deadline_tokens([(553, None)], 0.1, costs) == 0  # no deadline, no need
+    assert b.deadline_tokens([(553, 2.0)], 0.1, costs) == 553  # not even in one step: all of it
+    assert b.deadline_tokens([(553, 3.0)], 0.1, StepCosts()) == 0  # no prefill cost learnt yet
+    slack = [(10.0, 40)]  # plenty of TPOT slack: the plan allows 1024 tokens, the cap 35
+    assert b.tokens(slack, 0.1, 0.15, costs) == 35
+    assert b.tokens(slack, 0.1, 0.15, costs, need=79) == 79  # the cap yields to the need
+    assert b.tokens(slack, 0.1, 0.15, costs, need=10) == 35  # ... and never goes under itself
+    # the TPOT plan still binds: slack 0.1 s, 4 more tokens at the full batch's 150 ms allow 97 tokens
+    assert b.tokens([(0.1, 4)], 0.1, 0.15, costs, need=553) == 97
+    strict = PrefillBudget(0.2, min_tokens=16, max_tokens=1024, max_step_s=0.25, yield_to_deadline=False)
+    assert not strict.yields and b.yields and not PrefillBudget(0.2).yields
+    assert strict.tokens(slack, 0.1, 0.15, costs, need=79) == 35
+
+
+def deadline_prompt_joins(yields: bool, fused: bool = False) -> tuple[Scheduler, FakeEngine, Seq, Seq | None, int]:
+    """``a`` decodes; at its 20th token ``b`` (553 tokens, TTFT deadline 3 s: planned by 2.7 s) asks to join a
+    250-ms-capped schedule. Returns the scheduler, the engine, a, b (None if refused) and b's TTFT (ns, or 0)."""
+    s, eng, clock = make(itl_cap_s=0.25, itl_cap_yields=yields, fused=fused)  # type: ignore[arg-type]
+    a = s.submit(req(40, 48))
+    while len(a.tokens) < 20:
+        s.step()
+    b: Seq | None = None
+    ttft = 0
+    with contextlib.suppress(Shed):
+        b = s.submit(req(553, 48, deadline=clock.now_ns + 3 * S))
+    if b is not None:
+        ttft = first_token_delivered(s, b) - b.arrival_ns
+    while s.step() is not None:
+        pass
+    return s, eng, a, b, ttft
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["padded", "fused"])
+def test_the_itl_cap_yields_to_a_prompt_it_would_make_miss_its_deadline(fused: bool) -> None:
+    # capped strictly, 553 tokens take 14 steps of 250 ms (3.5 s): admission refuses a 3-s deadline. Yielding,
+    # the steps take the chunks that bring it in by the 2.7 s planned, the forecast said so exactly, and a's
+    # stream pays with longer gaps while its TPOT stays inside the plan
+    _s, _eng, a_strict, b_strict, _ = deadline_prompt_joins(yields=False, fused=fused)
+    assert b_strict is None and max(gaps_s(a_strict)) <= 0.25 + 1e-9
+    _s, eng, a, b, ttft = deadline_prompt_joins(yields=True, fused=fused)
+    assert b is not None and b.predicted_s is not None
+    assert ttft / S <= 0.9 * 3.0 + 1e-9
+    assert ttft / S == pytest.approx(b.predicted_s, abs=1e-9)  # the replay yields as the steps do
+    chunks = eng.chunks_of(b.id) if isinstance(eng, FusedFakeEngine) else prefills_of(eng, b)
+    assert 2 <= len(chunks) < math.ceil(553 / 42)  # chunks, but fewer and larger than the cap's
+    assert max(gaps_s(a)) > 0.25
+    assert tpot_s(a) <= 0.9 * TPOT_SLO + 1e-9
+    assert len(b.tokens) == 48  # it ran to its end
+
+
+def test_the_replay_counts_the_yield_for_the_prompts_ahead_of_a_new_request() -> None:
+    # three prompts with deadlines behind two decoders: under a strict 200-ms cap admission refuses what the small
+    # chunks would bring in late; yielding it admits all three, each in by its plan, the last one's forecast exact
+    # (the earlier ones' steps also carry chunks of prompts that came after their forecast)
+    def run(yields: bool) -> list[Seq | None]:
+        s, _eng, clock = make(itl_cap_s=0.2, itl_cap_yields=yields)  # type: ignore[arg-type]
+        first = [s.submit(req(40, 48)) for _ in range(2)]
+        while any(q.state != "decode" for q in first):
+            s.step()
+        out: list[Seq | None] = []
+        for n, max_tokens, deadline_s in ((400, 48, 5.0), (200, 48, 5.0), (228, 32, 7.5)):
+            try:
+                out.append(s.submit(req(n, max_tokens, deadline=clock.now_ns + int(deadline_s * S))))
+            except Shed:
+                out.append(None)
+        for q, deadline_s in zip(out, (5.0, 5.0, 7.5), strict=True):
+            if q is not None:
+                ttft = (first_token_delivered(s, q) - q.arrival_ns) / S
+                assert ttft <= 0.9 * deadline_s + 1e-9
+                if q is out[-1]:
+                    assert ttft == pytest.approx(q.predicted_s, abs=1e-9)
+        return out
+
+    assert None not in run(yields=True)
+    assert None in run(yields=False)

@@ -150,7 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         help="--model gen: plan every step with running streams to at most this long, so a prompt joining is "
         "prefilled in chunks that keep each inter-token gap near it (costs that prompt's TTFT; docs/genserve.md; "
-        "default off: the TPOT-tied budget alone)",
+        "default off: the TPOT-tied budget alone); a step passes it, within the TPOT plan, for a prompt that "
+        "would otherwise miss the first token admission planned",
+    )
+    sv.add_argument(
+        "--itl-cap-strict",
+        action="store_true",
+        help="--model gen, with --itl-cap-ms: the cap never yields to a TTFT deadline (admission refuses what its "
+        "small chunks would bring in late)",
     )
     sv.add_argument(
         "--gen-engine",

@@ -30,6 +30,16 @@ objectives long (session 19: ITL p99 731 ms at a 250-ms TPOT objective, worse th
 the cap (the floor ``min_tokens`` still moves every prompt). That is Sarathi-Serve's token budget derived from
 the time-between-tokens objective; it costs a long prompt more chunks, hence a later first token.
 
+**The cap yields to a TTFT deadline** (``yield_to_deadline``, on by default). A capped step's chunk is small, so a
+long prompt behind a busy batch may need more steps than its deadline leaves (session 22: refusals were 404-553
+token prompts forecast 4.4-8.7 s under a 250-ms cap). For the prompts being prefilled (oldest first, each with
+``ahead`` tokens to go counting those before it, and ``aim`` seconds to the time admission planned its first token
+for), the prompt is in after ``k`` more steps of this one's size if ``k x (d + fixed) + ahead x per <= aim``: at
+most ``k = floor((aim - ahead x per) / (d + fixed))`` steps, so this step needs ``ceil(ahead / k)`` tokens (all of
+``ahead`` when even one step is too few). The step takes the larger of the cap's budget and that need, never more
+than the TPOT plan allows: the cap bounds the gaps while every deadline is on course, the TPOT objective always.
+:meth:`PrefillBudget.deadline_tokens` computes the need; the scheduler and admission's replay both pass it in.
+
 Admission replays the same rule (genserve/forecast.py), so a TTFT forecast counts the smaller chunks.
 """
 
@@ -47,12 +57,14 @@ __all__ = ["PrefillBudget"]
 @dataclass(frozen=True, slots=True)
 class PrefillBudget:
     """``target_s``: the TPOT a step plans for (a fraction of the objective); token bounds of a step's prefill;
-    ``max_step_s``: the longest a step with decoders is planned to run (their gap, ITL), or None."""
+    ``max_step_s``: the longest a step with decoders is planned to run (their gap, ITL), or None;
+    ``yield_to_deadline``: a step may pass ``max_step_s`` (within the TPOT plan) for a prompt behind its deadline."""
 
     target_s: float
     min_tokens: int = 16
     max_tokens: int = 1024
     max_step_s: float | None = None
+    yield_to_deadline: bool = True
 
     def __post_init__(self) -> None:
         if self.target_s <= 0:
@@ -70,19 +82,52 @@ class PrefillBudget:
         """The prefill seconds one decoding sequence tolerates this step (``p_max`` in the module docstring)."""
         return slack_s + (self.target_s - decode_s) + max(0, more_tokens) * (self.target_s - full_decode_s)
 
+    @property
+    def yields(self) -> bool:
+        """Whether a deadline's need can lift the cap (a cap is set and yields): callers skip the need otherwise."""
+        return self.max_step_s is not None and self.yield_to_deadline
+
+    def deadline_tokens(self, prefilling: Iterable[tuple[int, float | None]], decode_s: float, costs: StepCosts) -> int:
+        """Prompt tokens this step needs so that every prompt in ``prefilling`` (oldest first: tokens left, seconds
+        to its aim or None for no deadline) is in by its aim, later steps taking as many (module docstring)."""
+        per = costs.prefill_per_token_s
+        if not per:
+            return 0
+        step = decode_s + (0.0 if costs.fused else costs.prefill_overhead_s)
+        need = ahead = 0
+        for left, aim in prefilling:
+            ahead += left
+            if aim is None:
+                continue
+            spare = aim - ahead * per  # what the steps' decode and fixed parts may take
+            k = math.floor(spare / step + 1e-9) if step > 0 else (1 if spare >= 0 else 0)
+            need = max(need, ahead if k < 1 else math.ceil(ahead / k))
+        return need
+
     def tokens(
-        self, decoders: Iterable[tuple[float, int]], decode_s: float, full_decode_s: float, costs: StepCosts
+        self,
+        decoders: Iterable[tuple[float, int]],
+        decode_s: float,
+        full_decode_s: float,
+        costs: StepCosts,
+        need: int = 0,
     ) -> int:
         """The step's prefill budget in tokens; ``decoders``: (slack seconds, tokens expected after this step);
-        ``decode_s``: this step's decode, ``full_decode_s``: the largest batch's."""
+        ``decode_s``: this step's decode, ``full_decode_s``: the largest batch's; ``need``: the prompts'
+        deadline need (:meth:`deadline_tokens`), which lifts the cap up to the TPOT plan when it yields."""
         allowed = min((self.max_prefill_s(sl, m, decode_s, full_decode_s) for sl, m in decoders), default=math.inf)
         if allowed == math.inf:
             return self.max_tokens
-        if self.max_step_s is not None:  # per gap: this step's decode plus its prefill within the cap
-            allowed = min(allowed, self.max_step_s - decode_s)
         per = costs.prefill_per_token_s
         if not per:
             return self.min_tokens
         fixed = 0.0 if costs.fused else costs.prefill_overhead_s  # fused: the chunk rides in the decode forward
-        n = math.floor((allowed - fixed) / per + 1e-9)
-        return max(self.min_tokens, min(self.max_tokens, n))
+
+        def fit(seconds: float) -> int:
+            return max(self.min_tokens, min(self.max_tokens, math.floor((seconds - fixed) / per + 1e-9)))
+
+        plan = fit(allowed)  # the TPOT plan
+        if self.max_step_s is None:
+            return plan
+        capped = fit(min(allowed, self.max_step_s - decode_s))  # per gap: decode plus prefill within the cap
+        return max(capped, min(plan, need)) if self.yield_to_deadline else capped

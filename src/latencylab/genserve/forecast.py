@@ -44,6 +44,7 @@ class Pending:
     decoding: bool = False  # its prefill ended in an earlier step: it is in the decode batch
     target: bool = False  # the request being forecast
     slack_s: float = 0.0  # decoding: TPOT slack, target x (tokens - 1) - seconds since its first token (budget.py)
+    aim_s: float | None = None  # prefilling: replay seconds to its planned first token (the ITL cap's yield), or None
 
 
 def expected_output(costs: StepCosts, max_tokens: int) -> int:
@@ -83,7 +84,12 @@ def forecast_ttft_s(
         left = prefill_chunk_tokens
         if budget is not None:
             slacks = ((p.slack_s, p.decode_left - 1) for p in decoders)
-            left = budget.tokens(slacks, d, budget.later_step_s(costs, max_num_seqs), costs)
+            need = 0
+            if budget.yields and decoders:  # the ITL cap yields to prompts behind their aim, as the scheduler's
+                ahead = ((p.prefill_left, None if p.aim_s is None else p.aim_s - t)
+                         for p in run if not p.decoding and p.prefill_left > 0)  # fmt: skip
+                need = budget.deadline_tokens(ahead, d, costs)
+            left = budget.tokens(slacks, d, budget.later_step_s(costs, max_num_seqs), costs, need)
         t_start = t
         left_before = left
         ended_prefill: list[tuple[Pending, float]] = []  # with the time its first token was chosen

@@ -87,6 +87,9 @@ class SchedulerConfig:
     # with tpot_slo_s: the longest gap (ITL) a step with decoders is planned to make (its decode + prefill);
     # None: only the TPOT plan bounds a step, and slack saved over cheap steps may go into one long gap
     itl_cap_s: float | None = None
+    # with itl_cap_s: a step passes the cap (within the TPOT plan) when a prompt being prefilled is behind the time
+    # admission planned its first token for (genserve/budget.py); False: the cap holds and that prompt is late
+    itl_cap_yields: bool = True
     min_prefill_tokens: int = 16  # with tpot_slo_s: a step's prefill budget, at least (every prompt moves)
     max_prefill_tokens: int = 1024  # with tpot_slo_s: at most (and with nothing decoding: a prompt in one forward)
     # with tpot_slo_s: the TPOT margin. Steps plan for the target divided by the recent error of that plan (the
@@ -132,7 +135,7 @@ class SchedulerConfig:
             return None
         return PrefillBudget(
             self.tpot_slo_s * self.tpot_target_fraction, self.min_prefill_tokens, self.max_prefill_tokens,
-            self.itl_cap_s,
+            self.itl_cap_s, self.itl_cap_yields,
         )  # fmt: skip
 
 
@@ -294,8 +297,8 @@ class Scheduler:
             if req.ttft_deadline_ns is not None:
                 left_s = (req.ttft_deadline_ns - now) / 1e9
                 allowed_s = self.cfg.ttft_target_fraction * left_s - self.cfg.margin_s
-                raw = predicted = self._predicted_ttft_s(req, now, horizon_s=max(0.0, left_s))
                 scale = self.forecast_error.scale(now)
+                raw = predicted = self._predicted_ttft_s(req, now, max(0.0, left_s), scale, allowed_s)
                 planned = raw * scale
                 if planned > allowed_s:  # Retry-After: the whole forecast (the replay above stopped at the deadline)
                     full = self._predicted_ttft_s(req, now, 60.0)
@@ -371,12 +374,25 @@ class Scheduler:
 
     # -- admission's prediction (under the lock) ----------------------------------------------------------
 
-    def _pending(self, s: Seq, at_ns: int, target: bool = False) -> Pending:
+    def _pending(self, s: Seq, at_ns: int, now: int, scale: float) -> Pending:
         expected = expected_output(self.costs, s.req.max_tokens)
         if s.state == "decode":
             return Pending(0, max(1, expected - len(s.tokens)), s.req.kv_tokens, decoding=True,
                            slack_s=self._slack_s(s, at_ns))  # fmt: skip
-        return Pending(s.prompt_len - s.prefilled, expected - 1, s.req.kv_tokens, target=target)
+        aim = self._aim_s(s, now, scale)
+        return Pending(s.prompt_len - s.prefilled, expected - 1, s.req.kv_tokens,
+                       aim_s=None if aim is None else aim - (at_ns - now) / 1e9)  # fmt: skip
+
+    def _aim_s(self, s: Seq, now: int, scale: float) -> float | None:
+        """Seconds of forecast (unscaled) from ``now`` to when admission planned ``s``'s first token: inside
+        ``ttft_target_fraction`` of its time to the deadline, less ``margin_s``, as :meth:`submit` planned it;
+        None without a deadline or where the cap does not yield (genserve/budget.py)."""
+        if s.req.ttft_deadline_ns is None or self.budget is None or not self.budget.yields:
+            return None
+        cfg = self.cfg
+        planned_ns = s.arrival_ns + int((cfg.ttft_target_fraction * (s.req.ttft_deadline_ns - s.arrival_ns) / 1e9
+                                         - cfg.margin_s) * 1e9)  # fmt: skip
+        return (planned_ns - now) / 1e9 / scale
 
     def _slack_s(self, s: Seq, at_ns: int) -> float:
         """``s``'s TPOT slack at ``at_ns`` (genserve/budget.py); 0 without a budget."""
@@ -394,26 +410,44 @@ class Scheduler:
             n -= 1
         return n
 
-    def _step_budget(self, decoding: list[Seq], now: int) -> int:
-        """This step's prefill budget in tokens (fixed, or from the decoders' TPOT slack)."""
+    def _step_budget(self, prefilling: list[Seq], decoding: list[Seq], now: int) -> int:
+        """This step's prefill budget in tokens (fixed, or from the decoders' TPOT slack and, where the ITL cap
+        yields, the prompts' deadlines)."""
         if self.budget is None:
             return self.cfg.prefill_chunk_tokens
         costs = self.costs
         more = (expected_output(costs, s.req.max_tokens) - len(s.tokens) - 1 for s in decoding)
         slack = (self._slack_s(s, now) for s in decoding)
         full = self.budget.later_step_s(costs, self.max_batch())
-        return self.budget.tokens(zip(slack, more, strict=True), costs.decode_s(len(decoding)), full, costs)
+        d = costs.decode_s(len(decoding))
+        need = 0
+        if self.budget.yields and decoding and prefilling:
+            scale = self.forecast_error.scale(now)
+            ahead = ((s.prompt_len - s.prefilled, self._aim_s(s, now, scale)) for s in prefilling)
+            need = self.budget.deadline_tokens(ahead, d, costs)
+        return self.budget.tokens(zip(slack, more, strict=True), d, full, costs, need)
 
-    def _predicted_ttft_s(self, req: GenRequest, now: int | None = None, horizon_s: float = float("inf")) -> float:
-        """Seconds from ``now`` to ``req``'s first token if queued now (genserve/forecast.py)."""
+    def _predicted_ttft_s(
+        self,
+        req: GenRequest,
+        now: int | None = None,
+        horizon_s: float = float("inf"),
+        scale: float = 1.0,
+        aim_s: float | None = None,
+    ) -> float:
+        """Seconds from ``now`` to ``req``'s first token if queued now (genserve/forecast.py); ``scale``: the
+        forecast's error scale and ``aim_s`` the (scaled) seconds admission would plan it for, both for the ITL
+        cap's yield to deadlines in the replay (genserve/budget.py)."""
         now = self.now_ns() if now is None else now
         rest_s = 0.0 if self._step_eta_ns is None else max(0, self._step_eta_ns - now) / 1e9
         at = now + int(rest_s * 1e9)
-        running = [self._pending(s, at) for s in self.running if not (s.finished or s.cancel_reason)]
-        waiting = [self._pending(s, at) for s in self.waiting]
+        running = [self._pending(s, at, now, scale) for s in self.running if not (s.finished or s.cancel_reason)]
+        waiting = [self._pending(s, at, now, scale) for s in self.waiting]
         expected = expected_output(self.costs, req.max_tokens)
         prompt = len(req.prompt_ids) - self.cached_prefix(req)  # a cached prefix is no prefill work
-        waiting.append(Pending(prompt, expected - 1, req.kv_tokens, target=True))
+        yields = aim_s is not None and self.budget is not None and self.budget.yields
+        target_aim = aim_s / scale - rest_s if yields and aim_s is not None else None
+        waiting.append(Pending(prompt, expected - 1, req.kv_tokens, target=True, aim_s=target_aim))
         cfg = self.cfg
         return rest_s + forecast_ttft_s(
             running, waiting, sum(p.kv_tokens for p in running), max_num_seqs=self.max_batch(),
@@ -432,7 +466,7 @@ class Scheduler:
             joined = self._admit(start)
             prefilling = [s for s in self.running if s.state == "prefill"]
             decoding = [s for s in self.running if s.state == "decode"]
-            budget = self._step_budget(decoding, start)
+            budget = self._step_budget(prefilling, decoding, start)
             self._step_eta_ns = start + int(self._step_cost_s(prefilling, len(decoding), budget) * 1e9)
         for s in cancelled:
             self.engine.release(s)

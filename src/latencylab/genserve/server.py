@@ -35,9 +35,11 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
     """``serve --model gen`` flags: --max-batch-size is max_num_seqs, --slo-ms the TTFT deadline (ms)."""
     # the CLI's server ties each step's prefill budget and the batch size to its TPOT objective (scheduler.py)
     itl_cap_ms = getattr(args, "itl_cap_ms", None)
+    if getattr(args, "itl_cap_strict", False) and not itl_cap_ms:
+        raise LatencyLabError("--itl-cap-strict needs --itl-cap-ms (the cap it keeps strict)")
     sched = SchedulerConfig(
         max_num_seqs=getattr(args, "max_batch_size", None) or 8, tpot_slo_s=GenServeConfig().tpot_slo_s,
-        itl_cap_s=itl_cap_ms / 1e3 if itl_cap_ms else None,
+        itl_cap_s=itl_cap_ms / 1e3 if itl_cap_ms else None, itl_cap_yields=not getattr(args, "itl_cap_strict", False),
     )  # fmt: skip
     over: dict[str, Any] = {"sched": sched}
     for key, attr in (("host", "host"), ("port", "port"), ("token_env", "token_env"), ("threads", "threads"),
@@ -276,7 +278,12 @@ def run_gen_serve(args: argparse.Namespace) -> int:
                 f"  model {svc.cfg.model_name} ({', '.join(svc.cfg.aliases)}): continuous batching, max_num_seqs "
                 f"{s.max_num_seqs}, prefill chunk {s.prefill_chunk_tokens} tokens, KV budget {s.kv_budget_tokens} "
                 f"tokens, TTFT SLO {svc.cfg.ttft_slo_s:g} s"
-                + (f", steps with streams capped at {s.itl_cap_s * 1e3:g} ms (ITL)" if s.itl_cap_s else "")
+                + (
+                    f", steps with streams capped at {s.itl_cap_s * 1e3:g} ms (ITL"
+                    + (", yields to TTFT deadlines)" if s.itl_cap_yields else ", strict)")
+                    if s.itl_cap_s
+                    else ""
+                )
                 + f", {svc.cfg.engine} engine",
                 flush=True,
             )
