@@ -150,6 +150,8 @@ class Step:
     errors: dict[str, int] = field(default_factory=dict)
     # latencylab's /metrics over the step (empty for a peer): where the server's time went
     where: dict[str, float] = field(default_factory=dict)
+    itl_p99_ms: float | None = None  # every gap between two streamed tokens of the successful requests
+    itl_max_ms: float | None = None
 
     @property
     def accounted(self) -> bool:
@@ -292,6 +294,7 @@ def run_step(srv: Running, model: str, rate: float, purpose: str, cfg: Config, p
         output_tokens=int(arr.output_tokens.sum()), output_tokens_per_s=float(tok.get("output_tokens_per_s") or 0.0),
         server_cpu_s=cpu, generator_valid=bool(s.get("valid", False)),
         late_fraction=float(s.get("late_fraction") or 0.0), errors=dict(rec.errors), where=where,
+        itl_p99_ms=_q(arr.itl_ns.astype(float), 0.99), itl_max_ms=_q(arr.itl_ns.astype(float), 1.0),
     )  # fmt: skip
 
 
@@ -314,7 +317,8 @@ def describe(st: Step) -> str:
         f"  {st.server:<11} {st.purpose:<13} {st.rate:6.3f}/s  {st.duration_s:5.0f} s  sent {st.sent:3d} ok {st.ok:3d} "
         f"shed {st.shed:3d} err {st.error:3d} good {st.good:3d}"
         f"  TTFT p50/p99 {f(st.ttft_p50_ms)}/{f(st.ttft_p99_ms)} ms"
-        f"  TPOT p50/p99 {f(st.tpot_p50_ms)}/{f(st.tpot_p99_ms)} ms  {st.output_tokens_per_s:5.1f} tok/s"
+        f"  TPOT p50/p99 {f(st.tpot_p50_ms)}/{f(st.tpot_p99_ms)} ms"
+        f"  ITL p99/max {f(st.itl_p99_ms)}/{f(st.itl_max_ms)} ms  {st.output_tokens_per_s:5.1f} tok/s"
         f"  server {st.server_cpu_s / max(st.wall_s, 1e-9):.2f} cores  {'PASS' if st.passed else 'FAIL'}{why}"
     )
 
