@@ -125,6 +125,11 @@ def test_env_json_and_diff(tmp_path: Path) -> None:
             ["profile", "--iterations", "5", "--adaptive"],
             "latencylab profile: error: argument --adaptive: not allowed with argument --iterations",
         ),
+        (
+            ["serve", "--model", "vision", "--itl-cap-strict"],
+            "latencylab serve: error: --itl-cap-ms and --itl-cap-strict are for --model gen (a generative model's "
+            "steps)",
+        ),
         (["env", "--diff", "/nonexistent/a.json", "/nonexistent/b.json"], None),
         (["bogus"], None),
     ],
