@@ -389,3 +389,21 @@ def test_the_replay_counts_the_yield_for_the_prompts_ahead_of_a_new_request() ->
 
     assert None not in run(yields=True)
     assert None in run(yields=False)
+
+
+def test_a_later_step_is_priced_as_its_engine_runs_it() -> None:
+    # d_full: the largest batch's decode and the smallest chunk; on a fused engine that chunk rides in the decode
+    # forward, so the prefill forward's fixed cost is not in it (session 23: counting it, 88 ms on the packed
+    # engine, put every later step over the TPOT plan and held a long prompt's chunks at the 16-token floor)
+    b = PrefillBudget(0.225, min_tokens=16, max_tokens=1024, max_step_s=0.25)
+    padded, _, _ = make()
+    fused, _, _ = make(fused=True)
+    d8 = padded.costs.decode_s(8)
+    assert b.later_step_s(padded.costs, 8) == pytest.approx(d8 + 0.010 + 16 * 0.0043)
+    assert b.later_step_s(fused.costs, 8) == pytest.approx(d8 + 16 * 0.0043)
+    # the plan of a decoder with 30 tokens to go and no slack, this step decoding 2 (78 ms), the largest batch's
+    # decode 138 ms: the fused engine's plan is larger by the 10 ms fixed cost of each later step
+    slack = [(0.0, 30)]
+    n_padded = b.tokens(slack, 0.078, b.later_step_s(padded.costs, 8), padded.costs)
+    n_fused = b.tokens(slack, 0.078, b.later_step_s(fused.costs, 8), fused.costs)
+    assert n_fused > n_padded

@@ -75,8 +75,11 @@ class PrefillBudget:
             raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {self.min_tokens}, {self.max_tokens}")
 
     def later_step_s(self, costs: StepCosts, max_batch: int) -> float:
-        """What a later step is planned to cost (``d_full``): the largest batch's decode and the smallest prefill."""
-        return costs.decode_s(max_batch) + costs.prefill_s(self.min_tokens)
+        """What a later step is planned to cost (``d_full``): the largest batch's decode and the smallest prefill
+        chunk, priced as that step runs it (a fused engine's chunk rides in the decode forward: no fixed cost;
+        until session 23 the padded engine's fixed cost of a prefill forward was counted here for both, which put
+        every later step of the packed engine ~90 ms over its plan and held its chunks at ``min_tokens``)."""
+        return costs.decode_s(max_batch) + costs.chunk_s(self.min_tokens, shares_forward=max_batch > 0)
 
     def max_prefill_s(self, slack_s: float, more_tokens: int, decode_s: float, full_decode_s: float) -> float:
         """The prefill seconds one decoding sequence tolerates this step (``p_max`` in the module docstring)."""
