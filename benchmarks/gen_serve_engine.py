@@ -12,8 +12,8 @@ max and the long prompt's median TTFT, for the prefill policies: none (the whole
 128-token chunk a step, the budget tied to the TPOT objective (genserve/budget.py), and that budget with a cap on
 each step's length (``--itl-caps``, SchedulerConfig.itl_cap_s). With ``--deadlines``, each cap runs again with the
 long prompt carrying that TTFT deadline (admission on, learnt costs), once with the cap yielding to the deadline
-(the default: a step passes the cap, within the TPOT plan, while the prompt is behind the first token admission
-planned) and once strict (``itl_cap_yields=False``); ``shed`` counts the long prompts admission refused.
+(``itl_cap_yields=True``: a step passes the cap, within the TPOT plan, while the prompt is behind the first token
+admission planned) and once strict (the default); ``shed`` counts the long prompts admission refused.
 
 Engines (``--engines``): ``padded`` (genserve/engine.py, as above: a chunk and the decode batch each their own
 forward) and ``packed`` (genserve/packed.py: a step's chunks and decode tokens in one forward, a static K/V buffer

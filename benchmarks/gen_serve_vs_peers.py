@@ -22,9 +22,9 @@ One run, same machine, same prompts, same objectives for every server:
       counts as an error, so it is measured through benchmarks/peers/sse_done_relay.py (on the generator's
       core), which adds it and passes everything else through.
     - variants of latencylab, only when named in ``--only``: ``latencylab-packed`` (``--gen-engine packed
-      --itl-cap-ms 250``: a step's prefill chunks and decode tokens in one forward, genserve/packed.py; the cap
-      yields to a prompt's TTFT deadline within the TPOT plan), ``latencylab-packed-strict`` (the same with
-      ``--itl-cap-strict``: the cap never yields) and ``latencylab-bf16p`` (``--prefill-dtype bf16``); each gets
+      --itl-cap-ms 250``: a step's prefill chunks and decode tokens in one forward, genserve/packed.py),
+      ``latencylab-packed-yield`` (the same with ``--itl-cap-yield``: the cap yields to a prompt's TTFT deadline
+      within the TPOT plan) and ``latencylab-bf16p`` (``--prefill-dtype bf16``); each gets
       the 70%-of-naive and 2x-overload steps too.
 * Load: ``latencylab load``'s streaming generator (``gen_load_test``, ``--api chat``), Poisson arrivals over
   the gen workload's 16 built-in prompts with their own ``max_tokens`` capped at ``--max-tokens`` (48), the same
@@ -97,7 +97,7 @@ from _serving import (
 # --gen-engine packed (a step's chunks and decode batch in one forward, genserve/packed.py) and a 250-ms ITL cap
 # (cheap once a chunk rides in the decode forward: docs/benchmarks/generative.md, session 21), -bf16p with the
 # prompt's forward in BF16 (genserve/prefill.py)
-VARIANTS = ("latencylab-packed", "latencylab-packed-strict", "latencylab-bf16p")
+VARIANTS = ("latencylab-packed", "latencylab-packed-yield", "latencylab-bf16p")
 DEFAULT_ONLY = ("naive", "static", "latencylab", "llamacpp", "llamacpp-server", "transformers-serve")
 SERVERS = (*DEFAULT_ONLY, *VARIANTS)
 SERVER_CPU, CLIENT_CPU = 1, 0
@@ -114,7 +114,7 @@ START = {
     "static": 0.1,
     "latencylab": 0.2,
     "latencylab-packed": 0.2,
-    "latencylab-packed-strict": 0.2,
+    "latencylab-packed-yield": 0.2,
     "latencylab-bf16p": 0.2,
     "llamacpp": 0.2,
     "llamacpp-server": 0.2,
@@ -386,8 +386,8 @@ def start_server(name: str, cfg: Config, workdir: Path) -> tuple[Running, str] |
             cmd += ["--prefill-dtype", "bf16"]
         if name.startswith("latencylab-packed"):  # chunks and decode in one forward (genserve/packed.py), capped
             cmd += ["--gen-engine", "packed", "--itl-cap-ms", "250"]
-            if name == "latencylab-packed-strict":  # the cap never yields to a TTFT deadline
-                cmd += ["--itl-cap-strict"]
+            if name == "latencylab-packed-yield":  # the cap yields to a TTFT deadline (within the TPOT plan)
+                cmd += ["--itl-cap-yield"]
         model = "gen"
     elif name in ("naive", "static"):
         script = ROOT / "benchmarks" / "peers" / f"gen_{name}_server.py"

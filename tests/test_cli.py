@@ -126,8 +126,8 @@ def test_env_json_and_diff(tmp_path: Path) -> None:
             "latencylab profile: error: argument --adaptive: not allowed with argument --iterations",
         ),
         (
-            ["serve", "--model", "vision", "--itl-cap-strict"],
-            "latencylab serve: error: --itl-cap-ms and --itl-cap-strict are for --model gen (a generative model's "
+            ["serve", "--model", "vision", "--itl-cap-yield"],
+            "latencylab serve: error: --itl-cap-ms and --itl-cap-yield are for --model gen (a generative model's "
             "steps)",
         ),
         (["env", "--diff", "/nonexistent/a.json", "/nonexistent/b.json"], None),

@@ -308,7 +308,7 @@ def test_a_fused_step_without_decoders_pays_the_fixed_cost_once_for_all_its_chun
 def test_the_deadline_need_is_the_chunk_that_brings_each_prompt_in_by_its_aim() -> None:
     costs = StepCosts()
     costs.fit_prefill([(8, 0.010 + 8 * 0.004), (128, 0.010 + 128 * 0.004)])
-    b = PrefillBudget(0.2, min_tokens=16, max_tokens=1024, max_step_s=0.25)
+    b = PrefillBudget(0.2, min_tokens=16, max_tokens=1024, max_step_s=0.25, yield_to_deadline=True)
     # 553 tokens at 4 ms = 2.212 s of prefill; a step's decode 100 ms + 10 ms fixed: an aim of 3.0 s leaves
     # floor(0.788 / 0.11) = 7 steps, so 79 tokens a step
     assert b.deadline_tokens([(553, 3.0)], 0.1, costs) == 79
@@ -323,7 +323,7 @@ def test_the_deadline_need_is_the_chunk_that_brings_each_prompt_in_by_its_aim() 
     assert b.tokens(slack, 0.1, 0.15, costs, need=10) == 35  # ... and never goes under itself
     # the TPOT plan still binds: slack 0.1 s, 4 more tokens at the full batch's 150 ms allow 97 tokens
     assert b.tokens([(0.1, 4)], 0.1, 0.15, costs, need=553) == 97
-    strict = PrefillBudget(0.2, min_tokens=16, max_tokens=1024, max_step_s=0.25, yield_to_deadline=False)
+    strict = PrefillBudget(0.2, min_tokens=16, max_tokens=1024, max_step_s=0.25)  # the default: the cap holds
     assert not strict.yields and b.yields and not PrefillBudget(0.2).yields
     assert strict.tokens(slack, 0.1, 0.15, costs, need=79) == 35
 

@@ -94,10 +94,10 @@ def test_serve_ladder_flag_is_checked_before_the_model_loads() -> None:
     assert config_from_args(argparse.Namespace()).ladder == ("fp32",)  # no flag: one rung, no guard
     assert config_from_args(argparse.Namespace()).sched.itl_cap_s is None
     assert config_from_args(argparse.Namespace(itl_cap_ms=250.0)).sched.itl_cap_s == 0.25
-    assert config_from_args(argparse.Namespace(itl_cap_ms=250.0)).sched.itl_cap_yields
-    assert not config_from_args(argparse.Namespace(itl_cap_ms=250.0, itl_cap_strict=True)).sched.itl_cap_yields
-    with pytest.raises(LatencyLabError, match="--itl-cap-strict needs --itl-cap-ms"):
-        config_from_args(argparse.Namespace(itl_cap_strict=True))
+    assert not config_from_args(argparse.Namespace(itl_cap_ms=250.0)).sched.itl_cap_yields
+    assert config_from_args(argparse.Namespace(itl_cap_ms=250.0, itl_cap_yield=True)).sched.itl_cap_yields
+    with pytest.raises(LatencyLabError, match="--itl-cap-yield needs --itl-cap-ms"):
+        config_from_args(argparse.Namespace(itl_cap_yield=True))
     with pytest.raises(LatencyLabError, match="unknown ladder rung 'bf16'"):
         config_from_args(argparse.Namespace(ladder="fp32,bf16"))
     assert config_from_args(argparse.Namespace()).engine == "padded"

@@ -150,14 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         help="--model gen: plan every step with running streams to at most this long, so a prompt joining is "
         "prefilled in chunks that keep each inter-token gap near it (costs that prompt's TTFT; docs/genserve.md; "
-        "default off: the TPOT-tied budget alone); a step passes it, within the TPOT plan, for a prompt that "
-        "would otherwise miss the first token admission planned",
+        "default off: the TPOT-tied budget alone)",
     )
     sv.add_argument(
-        "--itl-cap-strict",
+        "--itl-cap-yield",
         action="store_true",
-        help="--model gen, with --itl-cap-ms: the cap never yields to a TTFT deadline (admission refuses what its "
-        "small chunks would bring in late)",
+        help="--model gen, with --itl-cap-ms: a step may pass the cap, within the TPOT plan, for a prompt that would "
+        "otherwise miss the first token admission planned (docs/genserve.md; default off: the cap holds)",
     )
     sv.add_argument(
         "--gen-engine",

@@ -30,7 +30,8 @@ objectives long (session 19: ITL p99 731 ms at a 250-ms TPOT objective, worse th
 the cap (the floor ``min_tokens`` still moves every prompt). That is Sarathi-Serve's token budget derived from
 the time-between-tokens objective; it costs a long prompt more chunks, hence a later first token.
 
-**The cap yields to a TTFT deadline** (``yield_to_deadline``, on by default). A capped step's chunk is small, so a
+**The cap may yield to a TTFT deadline** (``yield_to_deadline``, off by default: on the built-in workload it admitted
+no more at equal arrivals, docs/benchmarks/generative.md "Session 23"). A capped step's chunk is small, so a
 long prompt behind a busy batch may need more steps than its deadline leaves (session 22: refusals were 404-553
 token prompts forecast 4.4-8.7 s under a 250-ms cap). For the prompts being prefilled (oldest first, each with
 ``ahead`` tokens to go counting those before it, and ``aim`` seconds to the time admission planned its first token
@@ -64,7 +65,7 @@ class PrefillBudget:
     min_tokens: int = 16
     max_tokens: int = 1024
     max_step_s: float | None = None
-    yield_to_deadline: bool = True
+    yield_to_deadline: bool = False
 
     def __post_init__(self) -> None:
         if self.target_s <= 0:

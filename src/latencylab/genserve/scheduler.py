@@ -88,8 +88,9 @@ class SchedulerConfig:
     # None: only the TPOT plan bounds a step, and slack saved over cheap steps may go into one long gap
     itl_cap_s: float | None = None
     # with itl_cap_s: a step passes the cap (within the TPOT plan) when a prompt being prefilled is behind the time
-    # admission planned its first token for (genserve/budget.py); False: the cap holds and that prompt is late
-    itl_cap_yields: bool = True
+    # admission planned its first token for (genserve/budget.py); False (the default: measured no better on the
+    # built-in workload, session 23): the cap holds, and admission refuses what its chunks would bring in late
+    itl_cap_yields: bool = False
     min_prefill_tokens: int = 16  # with tpot_slo_s: a step's prefill budget, at least (every prompt moves)
     max_prefill_tokens: int = 1024  # with tpot_slo_s: at most (and with nothing decoding: a prompt in one forward)
     # with tpot_slo_s: the TPOT margin. Steps plan for the target divided by the recent error of that plan (the

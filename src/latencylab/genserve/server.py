@@ -35,11 +35,11 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
     """``serve --model gen`` flags: --max-batch-size is max_num_seqs, --slo-ms the TTFT deadline (ms)."""
     # the CLI's server ties each step's prefill budget and the batch size to its TPOT objective (scheduler.py)
     itl_cap_ms = getattr(args, "itl_cap_ms", None)
-    if getattr(args, "itl_cap_strict", False) and not itl_cap_ms:
-        raise LatencyLabError("--itl-cap-strict needs --itl-cap-ms (the cap it keeps strict)")
+    if getattr(args, "itl_cap_yield", False) and not itl_cap_ms:
+        raise LatencyLabError("--itl-cap-yield needs --itl-cap-ms (the cap that yields)")
     sched = SchedulerConfig(
         max_num_seqs=getattr(args, "max_batch_size", None) or 8, tpot_slo_s=GenServeConfig().tpot_slo_s,
-        itl_cap_s=itl_cap_ms / 1e3 if itl_cap_ms else None, itl_cap_yields=not getattr(args, "itl_cap_strict", False),
+        itl_cap_s=itl_cap_ms / 1e3 if itl_cap_ms else None, itl_cap_yields=getattr(args, "itl_cap_yield", False),
     )  # fmt: skip
     over: dict[str, Any] = {"sched": sched}
     for key, attr in (("host", "host"), ("port", "port"), ("token_env", "token_env"), ("threads", "threads"),
@@ -280,7 +280,7 @@ def run_gen_serve(args: argparse.Namespace) -> int:
                 f"tokens, TTFT SLO {svc.cfg.ttft_slo_s:g} s"
                 + (
                     f", steps with streams capped at {s.itl_cap_s * 1e3:g} ms (ITL"
-                    + (", yields to TTFT deadlines)" if s.itl_cap_yields else ", strict)")
+                    + (", yields to TTFT deadlines)" if s.itl_cap_yields else ")")
                     if s.itl_cap_s
                     else ""
                 )

@@ -97,8 +97,8 @@ def run_serve_command(args: argparse.Namespace) -> int:
         return run_gen_serve(args)
     if getattr(args, "prefill_dtype", None):
         raise LatencyLabError("--prefill-dtype is for --model gen (a generative model's prompt forward)")
-    if getattr(args, "itl_cap_ms", None) or getattr(args, "itl_cap_strict", False):
-        raise LatencyLabError("--itl-cap-ms and --itl-cap-strict are for --model gen (a generative model's steps)")
+    if getattr(args, "itl_cap_ms", None) or getattr(args, "itl_cap_yield", False):
+        raise LatencyLabError("--itl-cap-ms and --itl-cap-yield are for --model gen (a generative model's steps)")
     if getattr(args, "gen_engine", None):
         raise LatencyLabError("--gen-engine is for --model gen (a generative model's steps)")
     from latencylab.serve.app import build_state, run_server
