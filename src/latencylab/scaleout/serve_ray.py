@@ -73,6 +73,10 @@ class ReplicaOptions:
     # one again: then it is asked again) before the client gets the 503; 0 (the default until its Ray test makes a
     # replica shed: docs/scale.md): the client gets every shed
     retry_shed: int = 0
+    # end-to-end timeout of a request at Ray Serve's proxy (its HTTPOptions.request_timeout_s): past it the client
+    # gets an explicit 408 instead of waiting; a request on a replica that was SIGKILLed has been seen to hang
+    # until the client's own timeout (session 21, tests/test_scaleout_serve.py). None: no timeout (Ray's default)
+    request_timeout_s: float | None = 60.0
 
 
 def relabel(text: str, replica: str) -> str:
@@ -352,7 +356,10 @@ def deploy(cfg: ServerConfig, opts: ReplicaOptions, address: str | None = None) 
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
                  namespace=opts.app_name)  # fmt: skip
-    serve.start(http_options={"host": opts.host, "port": opts.port}, proxy_location=opts.proxy_location)
+    http: dict[str, Any] = {"host": opts.host, "port": opts.port}
+    if opts.request_timeout_s is not None:
+        http["request_timeout_s"] = opts.request_timeout_s
+    serve.start(http_options=http, proxy_location=opts.proxy_location)
     try:
         ray.get_actor(BOARD, namespace=opts.app_name)
     except ValueError:
