@@ -45,6 +45,9 @@ Method, per thread count (1 and 2 by default):
     flock /tmp/latencylab-bench.lock .venv/bin/python benchmarks/optimize_vs_peers.py \
         [--workload text|vision] [--threads 1,2] [--search-time 420] [--rounds 10] [--json PATH]
 
+``--workload gen`` runs ``benchmarks/optimize_gen_vs_peers.py`` (SmolLM2: transformers generate, torch dynamic
+INT8, transformers' assisted generation, llama.cpp; TPOT at equal work), with its own options.
+
 Vision uses its accuracy budget (accuracy_drop<=1%) and the same peers. Exit 0 when every target
 holds, 1 otherwise (the table says which).
 """
@@ -461,8 +464,15 @@ def roofline_for(workload: str, run: Mapping[str, Any], peaks: Any) -> dict[str,
 
 
 def main() -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--workload")
+    if pre.parse_known_args()[0].workload == "gen":  # the generative search and its peers: their own script
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from optimize_gen_vs_peers import main as gen_main
+
+        return int(gen_main(sys.argv[1:]))
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--workload", choices=list(BUDGETS), default="text")
+    ap.add_argument("--workload", choices=[*BUDGETS, "gen"], default="text")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--search-time", type=float, default=420.0, help="seconds for latencylab's search per count")
     ap.add_argument("--rounds", type=int, default=10, help="the search's timing rounds")

@@ -76,6 +76,8 @@ class GenBudget:
     def check(self, f: GenFidelity) -> tuple[bool, str]:
         for metric, op, bound in self.terms:
             v = f.value(metric)
+            if math.isnan(v):
+                return False, f"{metric} not measured"
             if not (v >= bound if op == ">=" else v <= bound):
                 shown = f"{100 * v:+.2f}%" if metric == "ppl_delta" else f"{v:.4f}"
                 lim = f"{100 * bound:g}%" if metric == "ppl_delta" else f"{bound:g}"
@@ -130,6 +132,8 @@ def score(
     same = sum(int(tuple(g) == tuple(w)) for g, w in zip(got, ref, strict=True))
     if exact and base is not None:
         top1, ppl = base.top1, base.perplexity
+    elif getattr(runner, "model", None) is None:  # a model in another process (a peer server): its tokens only
+        top1 = ppl = math.nan
     else:
         top1 = forced_agreement(runner.model, prompts, ref)
         ppl = perplexity(runner.model, ctx.inputs.texts)
