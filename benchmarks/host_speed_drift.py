@@ -72,12 +72,14 @@ def main() -> None:
         time.sleep(args.interval_s)
     if len(rows) < 2:
         raise SystemExit("fewer than two readings: give a longer --duration-s")
-    steal = (rows[-1]["steal_ticks"] - rows[0]["steal_ticks"]) / max(1, rows[-1]["total_ticks"] - rows[0]["total_ticks"])
+    ticks = max(1, rows[-1]["total_ticks"] - rows[0]["total_ticks"])
+    steal = (rows[-1]["steal_ticks"] - rows[0]["steal_ticks"]) / ticks
     print(f"{len(rows)} readings over {rows[-1]['t_s']:.0f} s, steal {steal:.2%} of the CPU time")
     print(f"{'kernel':<15} {'min':>8} {'median':>8} {'max':>8} {'spread':>8}")
     for k in KERNELS:
         v = [r[k] for r in rows]
-        print(f"{k:<15} {min(v):>8.3f} {statistics.median(v):>8.3f} {max(v):>8.3f} {'+/-%.1f%%' % (100 * spread(v)):>8}")
+        pct = f"+/-{100 * spread(v):.1f}%"
+        print(f"{k:<15} {min(v):>8.3f} {statistics.median(v):>8.3f} {max(v):>8.3f} {pct:>8}")
 
 
 if __name__ == "__main__":

@@ -112,7 +112,8 @@ class HFRunner:
         x = torch.tensor([list(ids)])
         stamps = Stamps(self.clock)
         kw: dict[str, Any] = {"max_new_tokens": n, "do_sample": False, "temperature": None, "top_p": None,
-                              "top_k": None, "streamer": stamps, "attention_mask": torch.ones_like(x), **self.gen}  # fmt: skip
+                              "top_k": None, "streamer": stamps, "attention_mask": torch.ones_like(x)}  # fmt: skip
+        kw |= self.gen
         pad = self.model.config.pad_token_id
         kw["pad_token_id"] = pad if pad is not None else (min(eos) if eos else 0)
         if eos:
@@ -142,7 +143,8 @@ class LlamaServer:
 
         self.port = free_port()
         cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "--threads",
-               str(threads), "--threads-batch", str(threads), "--parallel", "1", "-c", str(ctx), "--no-webui"]  # fmt: skip
+               str(threads), "--threads-batch", str(threads), "--parallel", "1", "-c", str(ctx),
+               "--no-webui"]  # fmt: skip
         self.log = open(os.devnull, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
@@ -253,7 +255,10 @@ def run_threads(threads: int, args: Any) -> dict[str, Any]:
     cfg = GenLabConfig(budget=BUDGET, threads=threads, time_budget_s=args.search_time, rounds=args.rounds,
                        tokens=args.tokens, only=only)  # fmt: skip
     t0 = time.perf_counter()
-    progress = (lambda msg, i, n: print(f"  [t={threads}] {msg} ({i}/{n})", flush=True))  # noqa: E731
+
+    def progress(msg: str, i: int, n: int) -> None:
+        print(f"  [t={threads}] {msg} ({i}/{n})", flush=True)
+
     lab = run_gen_lab(cfg, progress=progress)
     lab_s = time.perf_counter() - t0
     summary = lab["summary"]
@@ -326,12 +331,15 @@ def _f(x: Any, spec: str = ".1f") -> str:
 
 def report(runs: Sequence[Mapping[str, Any]], out: Any = None) -> bool:
     """The tables and the targets; True when every target holds at every thread count."""
-    p = (lambda s="": print(s, file=out))  # noqa: E731
+
+    def p(s: str = "") -> None:
+        print(s, file=out)
+
     ok_all = True
     for run in runs:
         t, cmp_ = run["threads"], run["compare"]
         p(f"\noptimize --workload gen vs peers, {t} thread(s): batch 1, {cmp_['tokens']} output tokens a request "
-          f"(EOS ignored), {cmp_['rounds']} interleaved rounds; budget {BUDGET} (held-out prompts and text)")  # fmt: skip
+          f"(EOS ignored), {cmp_['rounds']} interleaved rounds; budget {BUDGET} (held-out prompts, text)")  # fmt: skip
         p(f"latencylab's search: {run['search']['verdict']} ({run['search']['wall_s']:.0f} s)")
         p(f"{'variant':<34} {'TTFT p50':>8} {'TPOT ms':>8} {'x eager':>7} {'agree':>6} {'exact':>5} {'top1':>5} "
           f"{'ppl d':>7} {'tok/step':>8}  budget")  # fmt: skip
@@ -344,8 +352,7 @@ def report(runs: Sequence[Mapping[str, Any]], out: Any = None) -> bool:
                 continue
             f = r.get("fidelity") or {}
             x = base["tpot_ms"] / r["tpot_ms"] if r.get("tpot_ms") else None
-            steps = r.get("steps") or 0
-            tps = (r.get("decode_tokens") or 0) / steps if steps else None
+            tps = r.get("tokens_per_step")  # decode tokens per verify step (speculative, assisted); plain: 1
             inside = (r.get("issue_budget") or {}).get("inside")
             why = (r.get("issue_budget") or {}).get("why", "")
             ppl = f.get("ppl_delta")

@@ -8,7 +8,7 @@ import io
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -18,7 +18,6 @@ transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import optimize_gen_vs_peers as ogp  # noqa: E402
-
 from latencylab.clock import PerfCounterClock  # noqa: E402
 from latencylab.optimize.gen_candidates import GenContext, GenInputs, GenRun, GenRunner  # noqa: E402
 from latencylab.optimize.gen_search import GenBudget, GenFidelity, score  # noqa: E402
@@ -73,7 +72,7 @@ def test_peer_without_a_torch_model_is_judged_on_its_tokens_only() -> None:
 
     class Remote:  # a server in another process: tokens, no model
         model = None
-        stats: dict[str, Any] = {}
+        stats: ClassVar[dict[str, Any]] = {}
 
         def generate(self, ids: Any, n: int, eos: frozenset[int] = frozenset()) -> GenRun:
             return GenRun(ref[0][:4] + (39,) * (n - 4), 1, 1)
@@ -88,9 +87,10 @@ def test_peer_without_a_torch_model_is_judged_on_its_tokens_only() -> None:
 
 def row(name: str, tpot: float, inside: bool, family: str = "peer", agree: float = 1.0) -> dict[str, Any]:
     return {"name": name, "family": family, "status": "inside-budget", "reason": "", "tpot_ms": tpot,
-            "ttft_p50_ms": 100.0, "decode_tokens": 23, "steps": 23,
+            "ttft_p50_ms": 100.0, "tokens_per_step": 1.0,
             "fidelity": {"token_agreement": agree, "exact": 1.0, "top1": 1.0, "ppl_delta": 0.0},
-            "issue_budget": {"inside": inside, "why": "inside budget" if inside else "token_agreement 0.5 < 0.95"}}  # fmt: skip
+            "issue_budget": {"inside": inside,
+                             "why": "inside budget" if inside else "token_agreement 0.5 < 0.95"}}  # fmt: skip
 
 
 def doc(choice_tpot: float | None, lookup_tpot: float) -> list[dict[str, Any]]:

@@ -24,6 +24,16 @@ length, exactly as the model's own forward over the same cache would, so greedy 
 :class:`~latencylab.genserve.engine.TorchEngine` up to float summation order (tests/test_genserve_packed.py checks
 logits against the model's forward and greedy tokens against plain decoding).
 
+**Speculative decoding (greedy, prompt lookup).** :meth:`PackedEngine.mixed_spec` takes, per decoding sequence,
+up to ``k`` drafted tokens (the scheduler's prompt lookup: the tokens that followed the latest earlier occurrence of
+the context's last n-gram, ``latencylab.gen.drafts.lookup``) and verifies them in the same forward: the sequence's
+segment is ``[tokens[-1], d1 .. dk]`` at positions ``length .. length + k``, causal, a verify chunk exactly as a
+prefill chunk is. The longest prefix of drafts equal to the model's own greedy choices is kept, plus the model's
+token after it (the first disagreement's correction, or a bonus token when every draft held); the sequence's
+length grows by one plus the drafts kept, so the positions of the rejected drafts are simply overwritten by the
+next step (the per-slot cache needs no roll-back copy). Greedy output is token-identical to plain decoding up to
+float summation order (tests/test_genserve_packed.py). Sampled sequences are never drafted for.
+
 Llama-family models only (``model.model.layers[i].self_attn.{q,k,v,o}_proj``, ``mlp``, the two RMS norms,
 ``rotary_emb``): SmolLM2 is one. Any ``nn.Linear`` replacement (PyTorch dynamic INT8, the weight-only INT8
 module) works, since the projections are called as modules. A BF16 prefill model is not supported here (one
@@ -166,7 +176,17 @@ class PackedEngine:
         """One forward over prompt chunks ``(seq, start, end)`` and one token for each sequence in ``seqs`` (each
         has ``tokens[-1]`` not yet in its cache). Returns each chunk's first output token (None for a chunk
         that does not end its prompt) and each decoding sequence's next token."""
+        firsts, outs = self.mixed_spec(chunks, seqs, [()] * len(seqs))
+        return firsts, [o[0] for o in outs]
+
+    def mixed_spec(
+        self, chunks: Sequence[tuple[Seq, int, int]], seqs: Sequence[Seq], drafts: Sequence[Sequence[int]]
+    ) -> tuple[list[int | None], list[list[int]]]:
+        """:meth:`mixed` with ``drafts[i]`` (greedy sequences only; may be empty) verified for ``seqs[i]`` in the same
+        forward (module docstring): each decoding sequence's tokens of this step, one to ``len(drafts[i]) + 1``."""
         torch = self.torch
+        if len(drafts) != len(seqs):
+            raise ValueError("one draft (perhaps empty) per decoding sequence")
         ids: list[int] = []
         pos: list[int] = []
         segs: list[tuple[_Slot, int, int]] = []  # (slot, positions before the segment, tokens)
@@ -180,14 +200,20 @@ class PackedEngine:
             segs.append((slot, start, end - start))
             if end == seq.prompt_len:
                 need.append(len(ids) - 1)
-        for seq in seqs:
+        for seq, draft in zip(seqs, drafts, strict=True):
             slot = seq.engine_state
             if not isinstance(slot, _Slot) or slot.length < seq.prompt_len:
                 raise RuntimeError(f"sequence {seq.id} decodes before its prefill ended")
+            if draft and seq.req.sampling.temperature > 0:
+                raise ValueError(f"sequence {seq.id}: drafts are verified greedily; it samples")
+            n = 1 + len(draft)
+            if slot.length + n > slot.keys.shape[2]:
+                raise ValueError(f"sequence {seq.id}: {len(draft)} drafts overrun its reserved cache")
             ids.append(seq.tokens[-1])
-            pos.append(slot.length)
-            segs.append((slot, slot.length, 1))
-            need.append(len(ids) - 1)
+            ids.extend(int(t) for t in draft)
+            pos.extend(range(slot.length, slot.length + n))
+            segs.append((slot, slot.length, n))
+            need.extend(range(len(ids) - n, len(ids)))
         if not ids:
             return [], []
         with torch.inference_mode():
@@ -197,14 +223,22 @@ class PackedEngine:
         for slot, p0, n in segs:
             slot.length = p0 + n
         rows = iter(range(len(need)))
+        outs: list[list[int]] = []
         with torch.inference_mode():
             firsts = [
                 pick(logits[next(rows)], decode_config(seq.req.sampling), seq.generator) if end == seq.prompt_len
                 else None
                 for seq, _start, end in chunks
             ]  # fmt: skip
-            out = [pick(logits[next(rows)], decode_config(s.req.sampling), s.generator) for s in seqs]
-        return firsts, out
+            for s, draft, (slot, p0, n) in zip(seqs, drafts, segs[len(chunks) :], strict=True):
+                got: list[int] = []
+                for j, row in enumerate([next(rows) for _ in range(n)]):  # row j: the token after position p0 + j
+                    got.append(pick(logits[row], decode_config(s.req.sampling), s.generator))
+                    if j == len(draft) or got[-1] != int(draft[j]):  # the bonus token, or the first disagreement
+                        break
+                slot.length = p0 + len(got)  # tokens[-1] and the drafts kept; the rejected ones are overwritten
+                outs.append(got)
+        return firsts, outs
 
     def _forward(self, ids: list[int], pos: list[int], segs: list[tuple[_Slot, int, int]], need: list[int]) -> Any:
         torch = self.torch

@@ -45,8 +45,13 @@ class SchedulerConfig:
     # target; measured at 2x overload with 1.5 it over-reacted (docs/benchmarks/generative.md, "Session 13")
     tpot_quantile: float = 0.9
     tpot_max_scale: float = 1.0
+    # speculative decoding on a fused (packed) engine: up to this many tokens drafted by prompt lookup for every
+    # greedy decoding sequence, verified in the step's forward (genserve/packed.py); 0: off
+    spec_lookup_k: int = 0
 
     def __post_init__(self) -> None:
+        if self.spec_lookup_k < 0:
+            raise ValueError(f"spec_lookup_k must be >= 0, got {self.spec_lookup_k}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.kv_budget_tokens < 2:

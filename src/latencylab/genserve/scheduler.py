@@ -106,6 +106,8 @@ class Scheduler:
         self.recent_sheds: deque[dict[str, Any]] = deque(maxlen=16)
         self._step_eta_ns: int | None = None  # the predicted end of the step in progress
         self.work = threading.Condition(self._lock)  # notified when something is submitted or cancelled
+        self.spec_proposed = 0  # speculative decoding (cfg.spec_lookup_k): tokens drafted and kept, all steps
+        self.spec_accepted = 0
 
     # -- the caller's side (any thread) --------------------------------------------------------------------
 
@@ -383,8 +385,15 @@ class Scheduler:
             budget -= end - s.prefilled
         live = [s for s in decoding if not s.finished]
         n_prefill = sum(e - b for _, b, e in chunks)
+        drafts = self._drafts(live)
         t0 = self.now_ns()
-        firsts, out = self.engine.mixed(chunks, live)  # type: ignore[attr-defined]
+        if drafts is None:
+            firsts, out = self.engine.mixed(chunks, live)  # type: ignore[attr-defined]
+            outs = [[t] for t in out]
+        else:
+            firsts, outs = self.engine.mixed_spec(chunks, live, drafts)  # type: ignore[attr-defined]
+            self.spec_proposed += sum(len(d) for d in drafts)
+            self.spec_accepted += sum(len(o) - 1 for o in outs)
         t2 = self.now_ns()
         total_s = (t2 - t0) / 1e9
         if chunks and live:
@@ -403,9 +412,26 @@ class Scheduler:
             s.prefilled = end
             if end == s.prompt_len:
                 self._first(s, first, t2, tokens, ended)
-        for s, tok in zip(live, out, strict=True):
-            self._take(s, tok, t2, tokens, ended)
+        for s, toks in zip(live, outs, strict=True):
+            for tok in toks:  # more than one: drafts the model agreed with (speculative decoding)
+                if not s.finished:
+                    self._take(s, tok, t2, tokens, ended)
         return self._finish_step(start, t0, t1, t2, n_prefill, len(live), tokens, ended, cancelled, joined)
+
+    def _drafts(self, live: list[Seq]) -> list[tuple[int, ...]] | None:
+        """Prompt-lookup drafts for the greedy sequences of a speculative step (``cfg.spec_lookup_k``), at most what
+        each has left to generate after this step's own token; None: speculation off (or no draft found)."""
+        k = self.cfg.spec_lookup_k
+        if not k or not live or not hasattr(self.engine, "mixed_spec"):
+            return None
+        from latencylab.gen.drafts import lookup
+
+        out = []
+        for s in live:
+            n = min(k, s.req.max_tokens - len(s.tokens) - 1)
+            greedy = s.req.sampling.temperature <= 0
+            out.append(tuple(lookup((*s.req.prompt_ids, *s.tokens), n)) if greedy and n > 0 else ())
+        return out if any(out) else None
 
     def _observe_tpot(self, s: Seq) -> None:
         """A finished reply's TPOT against the plan in force at its end (the TPOT margin's evidence)."""
