@@ -130,6 +130,10 @@ def test_env_json_and_diff(tmp_path: Path) -> None:
             "latencylab serve: error: --itl-cap-ms and --itl-cap-yield are for --model gen (a generative model's "
             "steps)",
         ),
+        (
+            ["serve", "--model", "text", "--spec-lookup", "4"],
+            "latencylab serve: error: --gen-engine and --spec-lookup are for --model gen (a generative model's steps)",
+        ),
         (["env", "--diff", "/nonexistent/a.json", "/nonexistent/b.json"], None),
         (["bogus"], None),
     ],

@@ -106,6 +106,11 @@ def test_serve_ladder_flag_is_checked_before_the_model_loads() -> None:
         config_from_args(argparse.Namespace(gen_engine="paged"))
     with pytest.raises(LatencyLabError, match="takes no --prefill-dtype bf16 or auto"):  # one forward, one dtype
         config_from_args(argparse.Namespace(gen_engine="packed", prefill_dtype="bf16"))
+    assert config_from_args(argparse.Namespace()).sched.spec_lookup_k == 0
+    assert config_from_args(argparse.Namespace(gen_engine="packed", spec_lookup=4)).sched.spec_lookup_k == 4
+    for bad in (argparse.Namespace(spec_lookup=4), argparse.Namespace(gen_engine="packed", spec_lookup=0)):
+        with pytest.raises(LatencyLabError, match="--spec-lookup K needs K >= 1 and --gen-engine packed"):
+            config_from_args(bad)
 
 
 def test_the_cache_key_is_the_whole_request_and_only_for_deterministic_answers() -> None:

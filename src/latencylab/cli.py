@@ -159,6 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
         "otherwise miss the first token admission planned (docs/genserve.md; default off: the cap holds)",
     )
     sv.add_argument(
+        "--spec-lookup",
+        type=int,
+        metavar="K",
+        help="--model gen, with --gen-engine packed: speculative decoding of greedy requests, up to K tokens a step "
+        "drafted by prompt lookup and verified in the step's forward (identical output; docs/genserve.md; default "
+        "off)",
+    )
+    sv.add_argument(
         "--gen-engine",
         choices=("padded", "packed"),
         help="--model gen: how a step runs the model: padded = a prefill chunk and the decode batch each their own "

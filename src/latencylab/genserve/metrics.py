@@ -118,15 +118,18 @@ class GenMetrics:
         if rep.decode_batch:
             self.decode_step.labels(m).observe(rep.decode_ns / 1e9)
             self.batch.labels(m).observe(rep.decode_batch)
-        n = 0
+        per: dict[int, tuple[Seq, int]] = {}  # a sequence's tokens this step (more than one: speculative decoding)
         for s, _ in rep.tokens:
-            if _shadow(s):
-                continue
-            n += 1
-            if len(s.token_ns) >= 2:
-                self.itl.labels(m).observe((s.token_ns[-1] - s.token_ns[-2]) / 1e9)
-        if n:
+            if not _shadow(s):
+                per[id(s)] = (s, per.get(id(s), (s, 0))[1] + 1)
+        for s, c in per.values():  # the gap before each: the first from the last step's token, the rest 0
+            for i in range(max(1, len(s.token_ns) - c), len(s.token_ns)):
+                self.itl.labels(m).observe((s.token_ns[i] - s.token_ns[i - 1]) / 1e9)
+        if n := sum(c for _, c in per.values()):
             self.tokens.labels(m, "completion").inc(n)
+        if rep.drafted:
+            self.tokens.labels(m, "drafted").inc(rep.drafted)
+            self.tokens.labels(m, "draft_accepted").inc(rep.draft_accepted)
         for s in rep.joined:
             if s.joined_ns is not None and not _shadow(s):
                 self.queue.labels(m).observe((s.joined_ns - s.arrival_ns) / 1e9)

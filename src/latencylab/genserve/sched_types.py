@@ -188,3 +188,5 @@ class StepReport:
     waiting: int
     kv_reserved: int  # KV tokens reserved after the step
     kv_used: int  # KV positions holding real tokens after the step
+    drafted: int = 0  # speculative decoding: tokens drafted this step, and of them the ones the model agreed with
+    draft_accepted: int = 0

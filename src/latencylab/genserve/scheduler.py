@@ -386,14 +386,16 @@ class Scheduler:
         live = [s for s in decoding if not s.finished]
         n_prefill = sum(e - b for _, b, e in chunks)
         drafts = self._drafts(live)
+        drafted = kept = 0
         t0 = self.now_ns()
         if drafts is None:
             firsts, out = self.engine.mixed(chunks, live)  # type: ignore[attr-defined]
             outs = [[t] for t in out]
         else:
             firsts, outs = self.engine.mixed_spec(chunks, live, drafts)  # type: ignore[attr-defined]
-            self.spec_proposed += sum(len(d) for d in drafts)
-            self.spec_accepted += sum(len(o) - 1 for o in outs)
+            drafted, kept = sum(len(d) for d in drafts), sum(len(o) - 1 for o in outs)
+            self.spec_proposed += drafted
+            self.spec_accepted += kept
         t2 = self.now_ns()
         total_s = (t2 - t0) / 1e9
         if chunks and live:
@@ -416,7 +418,8 @@ class Scheduler:
             for tok in toks:  # more than one: drafts the model agreed with (speculative decoding)
                 if not s.finished:
                     self._take(s, tok, t2, tokens, ended)
-        return self._finish_step(start, t0, t1, t2, n_prefill, len(live), tokens, ended, cancelled, joined)
+        rep = self._finish_step(start, t0, t1, t2, n_prefill, len(live), tokens, ended, cancelled, joined)
+        return dataclasses.replace(rep, drafted=drafted, draft_accepted=kept) if drafted else rep
 
     def _drafts(self, live: list[Seq]) -> list[tuple[int, ...]] | None:
         """Prompt-lookup drafts for the greedy sequences of a speculative step (``cfg.spec_lookup_k``), at most what

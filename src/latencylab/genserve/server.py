@@ -37,9 +37,13 @@ def config_from_args(args: argparse.Namespace) -> GenServeConfig:
     itl_cap_ms = getattr(args, "itl_cap_ms", None)
     if getattr(args, "itl_cap_yield", False) and not itl_cap_ms:
         raise LatencyLabError("--itl-cap-yield needs --itl-cap-ms (the cap that yields)")
+    spec = getattr(args, "spec_lookup", None)
+    if spec is not None and (spec < 1 or getattr(args, "gen_engine", None) != "packed"):
+        raise LatencyLabError("--spec-lookup K needs K >= 1 and --gen-engine packed (drafts verified in its forward)")
     sched = SchedulerConfig(
         max_num_seqs=getattr(args, "max_batch_size", None) or 8, tpot_slo_s=GenServeConfig().tpot_slo_s,
         itl_cap_s=itl_cap_ms / 1e3 if itl_cap_ms else None, itl_cap_yields=getattr(args, "itl_cap_yield", False),
+        spec_lookup_k=spec or 0,
     )  # fmt: skip
     over: dict[str, Any] = {"sched": sched}
     for key, attr in (("host", "host"), ("port", "port"), ("token_env", "token_env"), ("threads", "threads"),
@@ -284,7 +288,8 @@ def run_gen_serve(args: argparse.Namespace) -> int:
                     if s.itl_cap_s
                     else ""
                 )
-                + f", {svc.cfg.engine} engine",
+                + f", {svc.cfg.engine} engine"
+                + (f", speculative decoding (prompt lookup, k <= {s.spec_lookup_k})" if s.spec_lookup_k else ""),
                 flush=True,
             )
             if served:

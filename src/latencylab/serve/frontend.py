@@ -99,8 +99,8 @@ def run_serve_command(args: argparse.Namespace) -> int:
         raise LatencyLabError("--prefill-dtype is for --model gen (a generative model's prompt forward)")
     if getattr(args, "itl_cap_ms", None) or getattr(args, "itl_cap_yield", False):
         raise LatencyLabError("--itl-cap-ms and --itl-cap-yield are for --model gen (a generative model's steps)")
-    if getattr(args, "gen_engine", None):
-        raise LatencyLabError("--gen-engine is for --model gen (a generative model's steps)")
+    if getattr(args, "gen_engine", None) or getattr(args, "spec_lookup", None) is not None:
+        raise LatencyLabError("--gen-engine and --spec-lookup are for --model gen (a generative model's steps)")
     from latencylab.serve.app import build_state, run_server
 
     cfg = config_from_args(args)
