@@ -11,6 +11,7 @@ included), the mean decode batch, the drafts' acceptance (kept / drafted), the t
 step, and whether every answer equals the k = 0 answer token for token (greedy speculation must change nothing).
 
     /tmp/lbench .venv/bin/python benchmarks/gen_serve_spec.py [--threads 1] [--batches 1,4,8] [--ks 4] [--rounds 2]
+        [--spec-max-batch 4]
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ import time
 from typing import Any
 
 
-def run_once(model: Any, prompts: list[tuple[int, ...]], eos: frozenset[int], batch: int, k: int, tokens: int) -> dict:
+def run_once(
+    model: Any, prompts: list[tuple[int, ...]], eos: frozenset[int], batch: int, k: int, tokens: int, most: int
+) -> dict:
     from latencylab.genserve.packed import PackedEngine
     from latencylab.genserve.scheduler import GenRequest, Scheduler, SchedulerConfig
 
-    sched = Scheduler(PackedEngine(model), SchedulerConfig(max_num_seqs=batch, spec_lookup_k=k))
+    cfg = SchedulerConfig(max_num_seqs=batch, spec_lookup_k=k, spec_max_batch=most)
+    sched = Scheduler(PackedEngine(model), cfg)
     seqs = [sched.submit(GenRequest(p, tokens, eos_ids=eos)) for p in prompts]
     t0 = time.perf_counter()
     batches, decode_steps, decode_tokens = [], 0, 0
@@ -53,6 +57,10 @@ def main() -> None:
     ap.add_argument("--prompts", default="0,2,4,6,8,10,12,14", help="indices into the built-in prompt set")
     ap.add_argument("--tokens", type=int, default=32, help="max_tokens of every request")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--spec-max-batch", type=int, default=4,
+        help="draft only in steps decoding at most this many sequences (SchedulerConfig.spec_max_batch)",
+    )  # fmt: skip
     args = ap.parse_args()
     import torch
 
@@ -69,7 +77,8 @@ def main() -> None:
     ks = [0, *(int(k) for k in args.ks.split(","))]
     lens = sorted(map(len, prompts))
     print(f"{len(prompts)} prompts ({lens[0]}-{lens[-1]} tokens), max_tokens {args.tokens}, EOS honoured, greedy; "
-          f"{args.threads} thread(s); {args.rounds} rounds, order rotated")  # fmt: skip
+          f"{args.threads} thread(s); {args.rounds} rounds, order rotated; drafts in steps of <= {args.spec_max_batch} "
+          "decoding")  # fmt: skip
     print(f"{'batch':>5} {'k':>3} {'TPOT ms':>8} {'tokens/s':>9} {'mean batch':>10} {'acceptance':>10} "
           f"{'tokens/step':>11} {'vs k=0 TPOT':>11} {'identical':>9}")  # fmt: skip
     for b in (int(x) for x in args.batches.split(",")):
@@ -77,7 +86,7 @@ def main() -> None:
         for r in range(args.rounds):
             order = ks[r % len(ks) :] + ks[: r % len(ks)]
             for k in order:
-                runs[k].append(run_once(lm.model, prompts, eos, b, k, args.tokens))
+                runs[k].append(run_once(lm.model, prompts, eos, b, k, args.tokens, args.spec_max_batch))
         base_tpot = statistics.mean(x["tpot_ms"] for x in runs[0])
         ref = runs[0][0]["answers"]
         for k in ks:

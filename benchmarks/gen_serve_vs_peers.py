@@ -24,7 +24,9 @@ One run, same machine, same prompts, same objectives for every server:
     - variants of latencylab, only when named in ``--only``: ``latencylab-packed`` (``--gen-engine packed
       --itl-cap-ms 250``: a step's prefill chunks and decode tokens in one forward, genserve/packed.py),
       ``latencylab-packed-yield`` (the same with ``--itl-cap-yield``: the cap yields to a prompt's TTFT deadline
-      within the TPOT plan) and ``latencylab-bf16p`` (``--prefill-dtype bf16``); each gets
+      within the TPOT plan), ``latencylab-packed-spec`` (the packed engine and cap with ``--spec-lookup 4``:
+      speculative decoding by prompt lookup in steps of <= 4 decoding) and ``latencylab-bf16p``
+      (``--prefill-dtype bf16``); each gets
       the 70%-of-naive and 2x-overload steps too.
 * Load: ``latencylab load``'s streaming generator (``gen_load_test``, ``--api chat``), Poisson arrivals over
   the gen workload's 16 built-in prompts with their own ``max_tokens`` capped at ``--max-tokens`` (48), the same
@@ -97,7 +99,7 @@ from _serving import (
 # --gen-engine packed (a step's chunks and decode batch in one forward, genserve/packed.py) and a 250-ms ITL cap
 # (cheap once a chunk rides in the decode forward: docs/benchmarks/generative.md, session 21), -bf16p with the
 # prompt's forward in BF16 (genserve/prefill.py)
-VARIANTS = ("latencylab-packed", "latencylab-packed-yield", "latencylab-bf16p")
+VARIANTS = ("latencylab-packed", "latencylab-packed-yield", "latencylab-packed-spec", "latencylab-bf16p")
 DEFAULT_ONLY = ("naive", "static", "latencylab", "llamacpp", "llamacpp-server", "transformers-serve")
 SERVERS = (*DEFAULT_ONLY, *VARIANTS)
 SERVER_CPU, CLIENT_CPU = 1, 0
@@ -115,6 +117,7 @@ START = {
     "latencylab": 0.2,
     "latencylab-packed": 0.2,
     "latencylab-packed-yield": 0.2,
+    "latencylab-packed-spec": 0.2,
     "latencylab-bf16p": 0.2,
     "llamacpp": 0.2,
     "llamacpp-server": 0.2,
@@ -388,6 +391,8 @@ def start_server(name: str, cfg: Config, workdir: Path) -> tuple[Running, str] |
             cmd += ["--gen-engine", "packed", "--itl-cap-ms", "250"]
             if name == "latencylab-packed-yield":  # the cap yields to a TTFT deadline (within the TPOT plan)
                 cmd += ["--itl-cap-yield"]
+            if name == "latencylab-packed-spec":  # greedy replies drafted by prompt lookup, verified in the forward
+                cmd += ["--spec-lookup", "4"]
         model = "gen"
     elif name in ("naive", "static"):
         script = ROOT / "benchmarks" / "peers" / f"gen_{name}_server.py"

@@ -72,6 +72,8 @@ def test_drafts_are_refused_for_a_sampled_sequence_and_past_the_reservation(tiny
         eng.mixed_spec([], [g], [])
     with pytest.raises(ValueError, match="spec_lookup_k"):
         SchedulerConfig(spec_lookup_k=-1)
+    with pytest.raises(ValueError, match="spec_max_batch"):
+        SchedulerConfig(spec_lookup_k=4, spec_max_batch=0)
 
 
 def test_served_greedy_answers_with_prompt_lookup_equal_plain_decoding(tiny) -> None:  # type: ignore[no-untyped-def]
@@ -81,8 +83,9 @@ def test_served_greedy_answers_with_prompt_lookup_equal_plain_decoding(tiny) -> 
     prompts = [base * 3, prompt(17, 4) * 2, prompt(11, 5), base + prompt(20, 6), prompt(30, 8)]
     n = 40
 
-    def serve(k: int) -> tuple[list[list[int]], list[int], Scheduler]:
-        sched = Scheduler(PackedEngine(tiny), SchedulerConfig(max_num_seqs=3, prefill_chunk_tokens=16, spec_lookup_k=k))
+    def serve(k: int, most: int = 4) -> tuple[list[list[int]], list[int], Scheduler]:
+        cfg = SchedulerConfig(max_num_seqs=3, prefill_chunk_tokens=16, spec_lookup_k=k, spec_max_batch=most)
+        sched = Scheduler(PackedEngine(tiny), cfg)
         seqs = [sched.submit(GenRequest(p, n)) for p in prompts]
         sampled = sched.submit(GenRequest(prompts[0], n, Sampling(0.9, 0.95, seed=5)))
         while sched.step() is not None:
@@ -96,3 +99,6 @@ def test_served_greedy_answers_with_prompt_lookup_equal_plain_decoding(tiny) -> 
         assert len(got) == n  # max_tokens holds though a step may bring several tokens
     assert spec_sampled == plain_sampled == generate(tiny, list(prompts[0]), n, DecodeConfig(0.9, 0.95), seed=5)
     assert sched.spec_proposed > 0 and 0 < sched.spec_accepted <= sched.spec_proposed
+    # drafts only while at most spec_max_batch sequences decode: with 1 of 3 slots' worth, fewer steps draft
+    capped, _, few = serve(4, most=1)
+    assert capped == plain and 0 < few.spec_proposed < sched.spec_proposed

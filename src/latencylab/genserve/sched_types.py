@@ -48,10 +48,15 @@ class SchedulerConfig:
     # speculative decoding on a fused (packed) engine: up to this many tokens drafted by prompt lookup for every
     # greedy decoding sequence, verified in the step's forward (genserve/packed.py); 0: off
     spec_lookup_k: int = 0
+    # ... only in steps decoding at most this many sequences: above it a step is a matrix product already and the
+    # verify rows cost their share (measured: 1.35x TPOT at batch 4, none at 8; docs/benchmarks/speculative.md)
+    spec_max_batch: int = 4
 
     def __post_init__(self) -> None:
-        if self.spec_lookup_k < 0:
-            raise ValueError(f"spec_lookup_k must be >= 0, got {self.spec_lookup_k}")
+        if self.spec_lookup_k < 0 or self.spec_max_batch < 1:
+            raise ValueError(
+                f"need spec_lookup_k >= 0 and spec_max_batch >= 1, got {self.spec_lookup_k}, {self.spec_max_batch}"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.kv_budget_tokens < 2:

@@ -423,9 +423,10 @@ class Scheduler:
 
     def _drafts(self, live: list[Seq]) -> list[tuple[int, ...]] | None:
         """Prompt-lookup drafts for the greedy sequences of a speculative step (``cfg.spec_lookup_k``), at most what
-        each has left to generate after this step's own token; None: speculation off (or no draft found)."""
+        each has left to generate after this step's own token; None: speculation off, more than
+        ``cfg.spec_max_batch`` sequences decoding, or no draft found."""
         k = self.cfg.spec_lookup_k
-        if not k or not live or not hasattr(self.engine, "mixed_spec"):
+        if not k or not live or len(live) > self.cfg.spec_max_batch or not hasattr(self.engine, "mixed_spec"):
             return None
         from latencylab.gen.drafts import lookup
 
