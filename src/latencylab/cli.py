@@ -163,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="K",
         help="--model gen, with --gen-engine packed: speculative decoding of greedy requests, up to K tokens a step "
-        "drafted by prompt lookup and verified in the step's forward (identical output; docs/genserve.md; default "
-        "off)",
+        "drafted by prompt lookup and verified in the step's forward, in steps of <= 4 decoding sequences (identical "
+        "output; docs/genserve.md; default off)",
     )
     sv.add_argument(
         "--gen-engine",
