@@ -289,7 +289,11 @@ def run_gen_serve(args: argparse.Namespace) -> int:
                     else ""
                 )
                 + f", {svc.cfg.engine} engine"
-                + (f", speculative decoding (prompt lookup, k <= {s.spec_lookup_k}, steps of <= {s.spec_max_batch})" if s.spec_lookup_k else ""),
+                + (
+                    f", speculative decoding (prompt lookup, k <= {s.spec_lookup_k}, steps of <= {s.spec_max_batch})"
+                    if s.spec_lookup_k
+                    else ""
+                ),
                 flush=True,
             )
             if served:
