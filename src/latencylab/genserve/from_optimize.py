@@ -105,6 +105,11 @@ def unservable(params: Mapping[str, Any]) -> str | None:
     """Why the continuous-batching engine cannot serve a variant of ``params`` (None: it can)."""
     from latencylab.gen.quant import METHODS
 
+    if params.get("runtime") == "ort":
+        return (
+            "an ONNX Runtime graph of one sequence (K/V cache as graph inputs): the continuous-batching engine runs "
+            "the torch model (serve the FP32 or an INT8 torch variant, or run the graph with optimize --recipe)"
+        )
     if params.get("draft"):
         return (
             f"speculative decoding ({params['draft']} draft): the continuous-batching engine runs one forward per "

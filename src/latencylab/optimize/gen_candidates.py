@@ -184,7 +184,9 @@ class GenRunner:
 @dataclass(frozen=True, slots=True)
 class GenCandidate:
     name: str
-    family: str  # fp32 | int8-dynamic | int8-weight | int8-mixed | bf16 | threads | speculative | compile | kv-dtype
+    family: (
+        str  # fp32 | int8-dynamic | int8-weight | int8-mixed | bf16 | threads | speculative | compile | kv-dtype | ort
+    )
     params: Mapping[str, Any]
     description: str = ""
     exact: bool = False  # lossless by construction: the FP32 model's greedy output, token for token
@@ -194,6 +196,11 @@ class GenCandidate:
 def build(ctx: GenContext, params: Mapping[str, Any]) -> GenRunner:
     """The runner of ``params`` (module docstring) over ``ctx.model``."""
     from latencylab.gen.quant import quantize
+
+    if params.get("runtime") == "ort":  # the model as one ONNX Runtime graph (optimize/gen_ort.py)
+        from latencylab.optimize.gen_ort import build_ort
+
+        return build_ort(ctx, params)  # type: ignore[return-value]  # GenRunner's interface
 
     weights, dtype = str(params.get("weights", "fp32")), str(params.get("dtype", "fp32"))
     threads = int(params.get("threads", ctx.threads))
@@ -329,6 +336,22 @@ def candidates(ctx: GenContext, more_threads: int | None = None) -> list[GenCand
         GenCandidate("compile-decode-bf16", "compile",
                      {"weights": "fp32", "dtype": "bf16", "compile": "inductor", "threads": t},
                      "torch.compile (inductor) of the BF16 decode step over a static KV cache; prefill eager"),
+    ]  # fmt: skip
+    from latencylab.optimize.gen_ort import ort_skip
+
+    no_ort = ort_skip(ctx.model)
+    out += [
+        GenCandidate("ort-fp32", "ort", {"runtime": "ort", "bits": 0, "threads": t},
+                     "the model as one ONNX Runtime graph with its K/V cache (q/k/v and gate/up MatMuls fused), FP32",
+                     skip=no_ort),
+        GenCandidate("ort-int8-block32", "ort", {"runtime": "ort", "bits": 8, "block": 32, "accuracy_level": 4,
+                     "threads": t},
+                     "one ONNX Runtime graph, every MatMul as MatMulNBits: INT8 weights with a scale and zero point "
+                     "per 32 inputs, activations quantised to INT8 per block of 32 in the kernel (accuracy level 4)",
+                     skip=no_ort),
+        GenCandidate("ort-int4-block32", "ort", {"runtime": "ort", "bits": 4, "block": 32, "accuracy_level": 4,
+                     "threads": t},
+                     "as ort-int8-block32 with 4-bit weights (llama.cpp's Q4-like bytes)", skip=no_ort),
     ]  # fmt: skip
     quanto = any(importlib.util.find_spec(m) is not None for m in ("optimum", "hqq"))  # optimum.quanto's parent
     out.append(GenCandidate("kv-int8", "kv-dtype", {"kv_dtype": "int8"}, "INT8 KV cache",

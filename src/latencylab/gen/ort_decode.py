@@ -1,0 +1,131 @@
+"""Greedy decoding of a Llama-family model through ONNX Runtime (the graph of :mod:`latencylab.gen.ort_llama`).
+
+``OrtLM`` holds two sessions over the same weights: the generation graph (LM head on the last position only)
+and, built on first use, the scoring graph (every position's logits) that ``model`` exposes with the HF call
+convention the fidelity checks use (``model(input_ids=..., use_cache=False).logits``), so a variant's
+perplexity and forced top-1 agreement are its own. The K/V cache stays in ORT's memory between steps
+(``OrtValue``s bound with IOBinding, never copied to numpy); each step's graph concatenates the new position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from latencylab.clock import Clock
+
+__all__ = ["OrtDecodeRun", "OrtLM", "build_ort_lm"]
+
+
+@dataclass(frozen=True, slots=True)
+class OrtDecodeRun:
+    tokens: tuple[int, ...]
+    ttft_ns: int  # start -> first token (the prompt's forward)
+    decode_ns: int  # first token -> last token
+
+
+class _Logits:
+    def __init__(self, logits: Any) -> None:
+        self.logits = logits
+
+
+class _ScoringModel:
+    """What ``workloads.gen_fidelity`` calls: ``model(input_ids=ids, use_cache=False).logits`` (torch)."""
+
+    def __init__(self, lm: OrtLM) -> None:
+        self._lm = lm
+
+    def __call__(self, input_ids: Any, use_cache: bool = False, **_: Any) -> _Logits:
+        import torch
+
+        ids = input_ids.detach().cpu().numpy().astype("int64")
+        out = self._lm.full_forward(ids)
+        return _Logits(torch.from_numpy(out))
+
+
+class OrtLM:
+    def __init__(self, gen_path: Path, full_path: Path | None, threads: int, layers: int, kv_heads: int,
+                 head_dim: int) -> None:  # fmt: skip
+        self.gen_path, self.full_path, self.threads = Path(gen_path), full_path, threads
+        self.kv_shape = (layers, 1, kv_heads, 0, head_dim)
+        self._sess = self._session(self.gen_path)
+        self._full: Any = None
+        self.model = _ScoringModel(self)
+
+    def _session(self, path: Path) -> Any:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.threads
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+    def full_forward(self, ids: Any) -> Any:
+        """Every position's logits [B, S, V] for ``ids`` [B, S] (no past; the graph takes one row at a time)."""
+        import numpy as np
+
+        if self._full is None:
+            if self.full_path is None:
+                raise RuntimeError("no scoring graph")
+            self._full = self._session(Path(self.full_path))
+        empty = np.zeros(self.kv_shape, np.float32)
+        rows = [self._full.run(["logits"], {"input_ids": r[None], "past_k": empty, "past_v": empty})[0] for r in ids]
+        return np.concatenate(rows)
+
+    def generate(self, ids: Sequence[int], n: int, eos: frozenset[int], clock: Clock) -> OrtDecodeRun:
+        """Greedy, up to ``n`` tokens, stopping after an ``eos`` token (none: exactly ``n``)."""
+        import numpy as np
+        import onnxruntime as ort
+
+        sess = self._sess
+        empty = np.zeros(self.kv_shape, np.float32)
+        pk, pv = ort.OrtValue.ortvalue_from_numpy(empty), ort.OrtValue.ortvalue_from_numpy(empty)
+        feed = np.asarray([list(ids)], np.int64)
+        toks: list[int] = []
+        marks = [clock.mark()]
+        for _ in range(n):
+            io = sess.io_binding()
+            io.bind_cpu_input("input_ids", feed)
+            io.bind_ortvalue_input("past_k", pk)
+            io.bind_ortvalue_input("past_v", pv)
+            for name in ("logits", "present_k", "present_v"):
+                io.bind_output(name, "cpu")
+            sess.run_with_iobinding(io)
+            logits, pk, pv = io.get_outputs()
+            tok = int(np.argmax(logits.numpy()[0, -1]))
+            toks.append(tok)
+            marks.append(clock.mark())
+            if tok in eos:
+                break
+            feed = np.asarray([[tok]], np.int64)
+        t = [int(x) for x in clock.resolve(marks)]
+        return OrtDecodeRun(tuple(toks), t[1] - t[0], t[-1] - t[1])
+
+
+def build_ort_lm(model: Any, work: Path, threads: int, quant: dict[str, Any] | None = None,
+                 scoring: bool = True) -> OrtLM:  # fmt: skip
+    """Export ``model`` under ``work`` (the generation graph and, with ``scoring``, the every-position graph),
+    optionally with its MatMuls swapped for MatMulNBits (``quant``: bits, block, accuracy_level), and open it."""
+    from latencylab.gen.ort_llama import export_llama, quantize_matmuls
+
+    work = Path(work)
+    paths: list[Path | None] = []
+    for last_only, name in ((True, "gen"), (False, "full")):
+        if name == "full" and not scoring:
+            paths.append(None)
+            continue
+        p = export_llama(model, work / f"{name}-fp32.onnx", last_only=last_only)
+        if quant:
+            q = work / f"{name}-q{quant['bits']}b{quant['block']}.onnx"
+            quantize_matmuls(p, q, **quant)
+            p.unlink()
+            p = q
+        paths.append(p)
+    cfg = model.config
+    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    assert paths[0] is not None
+    return OrtLM(paths[0], paths[1], threads, int(cfg.num_hidden_layers), int(cfg.num_key_value_heads), hd)

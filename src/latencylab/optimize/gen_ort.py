@@ -1,0 +1,83 @@
+"""The ONNX Runtime candidates of the generative search: the model exported as one graph with its K/V cache
+(``gen/ort_llama.py``), FP32 or with its MatMuls as ORT's blockwise ``MatMulNBits`` (8 or 4 bits, a scale and
+zero point per 32 weights; ``accuracy_level`` 4: activations quantised to INT8 per block in the kernel).
+
+Params: ``{"runtime": "ort", "threads": t, "bits": 0 | 8 | 4, "block": 32, "accuracy_level": 4}`` (bits 0:
+FP32). The graphs are written to a temporary directory the runner removes on ``close``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from latencylab.optimize.gen_candidates import GenContext, GenRun
+
+__all__ = ["OrtGenRunner", "build_ort", "ort_skip"]
+
+
+def ort_skip(model: Any) -> str | None:
+    """Why the ORT candidates cannot run on ``model`` (None: they can)."""
+    import importlib.util
+
+    from latencylab.errors import LatencyLabError
+    from latencylab.gen.ort_llama import check_llama
+
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        return "not installed: onnxruntime and onnx (pip install 'latencylab[onnx]')"
+    try:
+        check_llama(model)
+    except LatencyLabError as exc:
+        return str(exc)
+    return None
+
+
+class OrtGenRunner:
+    """``GenRunner``'s interface over :class:`latencylab.gen.ort_decode.OrtLM`."""
+
+    def __init__(self, lm: Any, work: Path, clock: Any, threads: int) -> None:
+        self.lm, self.work, self.clock, self.threads = lm, work, clock, threads
+        self.model = lm.model  # the scoring graph, called as an HF model by the fidelity checks
+        self.stats: dict[str, Any] = {}
+
+    def generate(self, ids: Sequence[int], n: int, eos: frozenset[int] = frozenset()) -> GenRun:
+        from latencylab.optimize.gen_candidates import GenRun
+
+        r = self.lm.generate(ids, n, eos, self.clock)
+        return GenRun(r.tokens, r.ttft_ns, r.decode_ns)
+
+    def close(self) -> None:
+        self.lm = self.model = None
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def build_ort(ctx: GenContext, params: Mapping[str, Any]) -> OrtGenRunner:
+    from latencylab.gen.ort_decode import build_ort_lm
+    from latencylab.timing import now_ns
+
+    threads = int(params.get("threads", ctx.threads))
+    bits = int(params.get("bits", 0))
+    quant = None
+    if bits:
+        quant = {
+            "bits": bits,
+            "block": int(params.get("block", 32)),
+            "accuracy_level": int(params.get("accuracy_level", 4)),
+        }
+    work = Path(tempfile.mkdtemp(prefix="latencylab-ort-"))
+    t0 = now_ns(ctx.clock)
+    try:
+        lm = build_ort_lm(ctx.model, work, threads, quant)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    runner = OrtGenRunner(lm, work, ctx.clock, threads)
+    size = sum(p.stat().st_size for p in work.glob("gen-*.onnx"))
+    runner.stats = {"export_s": (now_ns(ctx.clock) - t0) / 1e9, "graph_mb": round(size / 2**20, 1)}
+    if quant:
+        runner.stats["matmul_nbits"] = quant
+    return runner

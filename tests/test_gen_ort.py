@@ -1,0 +1,133 @@
+"""The ONNX Runtime candidates of ``optimize --workload gen`` on a tiny random Llama built here (grouped-query
+attention: 4 heads, 2 K/V heads): the exported graph's logits equal the HF model's, its greedy decoding with
+the K/V cache fed back is token-identical to torch's, EOS stops it, MatMulNBits replaces the MatMuls it is
+asked to (and keeps the others FP32) with outputs close to FP32, the gen search's builder gives a runner the
+fidelity checks score, and ``serve --from`` refuses such a choice in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+from latencylab.clock import FakeClock  # noqa: E402
+from latencylab.errors import LatencyLabError  # noqa: E402
+from latencylab.gen.ort_decode import build_ort_lm  # noqa: E402
+from latencylab.gen.ort_llama import check_llama, export_llama, quantize_matmuls  # noqa: E402
+from latencylab.optimize.gen_candidates import GenContext, GenInputs, build, candidates  # noqa: E402
+from latencylab.workloads.gen_decode import DecodeConfig, generate  # noqa: E402
+
+VOCAB = 64
+P1, P2 = [5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]
+
+
+def tiny(seed: int = 0, tied: bool = False) -> Any:
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2, bos_token_id=1, pad_token_id=0,
+        initializer_range=0.2, tie_word_embeddings=tied,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_graph_gives_the_models_logits_and_its_greedy_tokens(tmp_path: Path, tied: bool) -> None:
+    model = tiny(tied=tied)
+    lm = build_ort_lm(model, tmp_path, threads=1)
+    for p in (P1, P2):
+        ids = torch.tensor([p])
+        with torch.inference_mode():
+            want = model(input_ids=ids, use_cache=False).logits
+        got = lm.model(input_ids=ids, use_cache=False).logits
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+        # decoding: the prompt's forward, then one position a step over the cache the graph returns
+        ref = generate(model, p, 12, DecodeConfig(ignore_eos=True))
+        run = lm.generate(p, 12, frozenset(), FakeClock())
+        assert list(run.tokens) == list(ref)
+
+
+def test_eos_stops_the_reply(tmp_path: Path) -> None:
+    model = tiny()
+    lm = build_ort_lm(model, tmp_path, threads=1, scoring=False)
+    full = lm.generate(P1, 10, frozenset(), FakeClock()).tokens
+    stop = full[3]
+    cut = lm.generate(P1, 10, frozenset({stop}), FakeClock()).tokens
+    assert cut == full[: full.index(stop) + 1]
+
+
+def test_matmul_nbits_swaps_what_it_is_asked_to_and_stays_close(tmp_path: Path) -> None:
+    model = tiny()
+    src = export_llama(model, tmp_path / "full.onnx", last_only=False)
+    # 2 layers x (qkv, o, gateup, down) + the LM head
+    assert quantize_matmuls(src, tmp_path / "q8.onnx", bits=8, block=32) == 9
+    assert quantize_matmuls(src, tmp_path / "q8k.onnx", bits=8, block=32, keep_float=("down", "head")) == 6
+    assert quantize_matmuls(src, tmp_path / "q4.onnx", bits=4, block=32) == 9
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "q8k.onnx")).graph.node]
+    assert ops.count("MatMulNBits") == 6
+    with pytest.raises(LatencyLabError, match="4 or 8 bits"):
+        quantize_matmuls(src, tmp_path / "q3.onnx", bits=3)
+    from latencylab.gen.ort_decode import OrtLM
+
+    ids = torch.tensor([P2])
+    with torch.inference_mode():
+        want = model(input_ids=ids, use_cache=False).logits
+    errs = {}
+    for name in ("q8", "q8k", "q4"):
+        lm = OrtLM(tmp_path / f"{name}.onnx", tmp_path / f"{name}.onnx", 1, 2, 2, 16)
+        got = lm.model(input_ids=ids).logits
+        errs[name] = float((got - want).abs().max() / want.abs().max())
+    assert errs["q8"] < 0.05 and errs["q8k"] < 0.05  # INT8 weights and activations per block of 32
+    assert errs["q8"] < errs["q4"]  # 4-bit weights lose more
+    assert errs["q8"] > 0  # it did quantise
+
+
+def test_the_search_builds_and_scores_an_ort_runner() -> None:
+    model = tiny()
+    seqs = (tuple(P1), tuple(P2))
+    calibration = (tuple(range(30, 40)),)
+    ctx = GenContext(model, GenInputs(seqs, seqs, seqs, calibration, frozenset({2})), 1, clock=FakeClock())
+    names = {c.name: c for c in candidates(ctx)}
+    assert {"ort-fp32", "ort-int8-block32", "ort-int4-block32"} <= set(names)
+    assert names["ort-int8-block32"].skip is None
+    runner: Any = build(ctx, names["ort-fp32"].params)
+    work = runner.work
+    assert work.is_dir() and runner.stats["graph_mb"] > 0
+    ref = generate(model, P1, 6, DecodeConfig(ignore_eos=True))
+    assert list(runner.generate(P1, 6).tokens) == list(ref)
+    from latencylab.workloads.gen_fidelity import perplexity
+
+    assert perplexity(runner.model, [P2]) == pytest.approx(perplexity(model, [P2]), rel=1e-4)
+    runner.close()
+    assert not work.exists()
+    q = build(ctx, names["ort-int8-block32"].params)
+    assert q.stats["matmul_nbits"] == {"bits": 8, "block": 32, "accuracy_level": 4}  # type: ignore[attr-defined]
+    q.close()
+
+
+def test_a_model_the_graph_does_not_reproduce_is_refused() -> None:
+    class Cfg:
+        model_type = "gpt2"
+
+    class M:
+        config = Cfg()
+
+    with pytest.raises(LatencyLabError, match="Llama-family"):
+        check_llama(M())
+    from latencylab.optimize.gen_ort import ort_skip
+
+    assert "Llama-family" in (ort_skip(M()) or "")
+
+
+def test_serve_from_refuses_an_ort_choice() -> None:
+    from latencylab.genserve.from_optimize import unservable
+
+    why = unservable({"runtime": "ort", "bits": 8, "block": 32, "accuracy_level": 4, "threads": 1})
+    assert why is not None and "ONNX Runtime" in why
