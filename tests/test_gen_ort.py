@@ -131,3 +131,40 @@ def test_serve_from_refuses_an_ort_choice() -> None:
 
     why = unservable({"runtime": "ort", "bits": 8, "block": 32, "accuracy_level": 4, "threads": 1})
     assert why is not None and "ONNX Runtime" in why
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_lookup_speculation_in_the_graph_gives_its_plain_greedy_tokens(tmp_path: Path, k: int) -> None:
+    model = tiny(seed=3)
+    lm = build_ort_lm(model, tmp_path, threads=1)
+    stats = {"proposed": 0, "accepted": 0, "steps": 0}
+    # repetitive prompts: the lookup finds n-grams to draft from; a random toy model rejects most of them
+    for p in ([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], P2 + P2, P1):
+        plain = lm.generate(p, 16, frozenset(), FakeClock())
+        spec = lm.generate_lookup(p, 16, frozenset(), FakeClock(), k=k)
+        assert spec.tokens == plain.tokens  # rejected positions cut from the cache, the rest decodes on
+        assert len(spec.tokens) == 16
+        for key in stats:
+            stats[key] += getattr(spec, key)
+    assert stats["proposed"] > 0 and stats["steps"] > 0
+    assert 0 <= stats["accepted"] <= stats["proposed"]
+    eos_run = lm.generate_lookup(P1, 16, frozenset({plain.tokens[2]}), FakeClock(), k=k)
+    assert eos_run.tokens == plain.tokens[: plain.tokens.index(plain.tokens[2]) + 1]
+
+
+def test_drafts_that_are_always_right_are_all_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import latencylab.gen.drafts as drafts
+
+    model = tiny(seed=4)
+    lm = build_ort_lm(model, tmp_path, threads=1)
+    plain = lm.generate(P1, 20, frozenset(), FakeClock()).tokens
+    oracle = list(P1) + list(plain)
+
+    def right(ctx: Any, k: int, **_: Any) -> list[int]:  # the plain greedy continuation: never rejected
+        return oracle[len(ctx) : len(ctx) + k]
+
+    monkeypatch.setattr(drafts, "lookup", right)
+    spec = lm.generate_lookup(P1, 20, frozenset(), FakeClock(), k=4)
+    assert spec.tokens == plain
+    assert spec.accepted == spec.proposed > 0
+    assert spec.steps <= 5  # 19 tokens after the first, up to 5 a verify step (4 drafts + the model's own)

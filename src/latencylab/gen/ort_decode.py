@@ -24,6 +24,9 @@ class OrtDecodeRun:
     tokens: tuple[int, ...]
     ttft_ns: int  # start -> first token (the prompt's forward)
     decode_ns: int  # first token -> last token
+    proposed: int = 0  # speculative: drafted tokens, those kept, verify steps
+    accepted: int = 0
+    steps: int = 0
 
 
 class _Logits:
@@ -104,6 +107,72 @@ class OrtLM:
             feed = np.asarray([[tok]], np.int64)
         t = [int(x) for x in clock.resolve(marks)]
         return OrtDecodeRun(tuple(toks), t[1] - t[0], t[-1] - t[1])
+
+    def generate_lookup(
+        self, ids: Sequence[int], n: int, eos: frozenset[int], clock: Clock, k: int = 4
+    ) -> OrtDecodeRun:
+        """Greedy speculative decoding with prompt-lookup drafts (``gen.drafts.lookup``): the drafts ride as a
+        causal chunk ``[last, d1 .. dk]`` of one forward of the scoring graph (every position's logits); the
+        longest prefix equal to the graph's own greedy choices is kept, plus its next token, and the cache is cut
+        back to the kept positions. The tokens are this graph's plain greedy tokens (``generate``), by
+        construction; a step without a draft is a plain step."""
+        import numpy as np
+        import onnxruntime as ort
+
+        from latencylab.gen.drafts import lookup
+
+        if self._full is None:
+            if self.full_path is None:
+                raise RuntimeError("no scoring graph")
+            self._full = self._session(Path(self.full_path))
+        empty = np.zeros(self.kv_shape, np.float32)
+        pk, pv = ort.OrtValue.ortvalue_from_numpy(empty), ort.OrtValue.ortvalue_from_numpy(empty)
+        ctx, toks = list(ids), list[int]()
+        feed = np.asarray([ctx], np.int64)
+        marks = [clock.mark()]
+        proposed = accepted = steps = 0
+        first = True
+        while len(toks) < n:
+            drafts = [] if first else lookup(ctx, min(k, n - len(toks) - 1))
+            sess = self._full if drafts else self._sess
+            if drafts:
+                feed = np.asarray([[ctx[-1], *drafts]], np.int64)
+                steps += 1
+            io = sess.io_binding()
+            io.bind_cpu_input("input_ids", feed)
+            io.bind_ortvalue_input("past_k", pk)
+            io.bind_ortvalue_input("past_v", pv)
+            for name in ("logits", "present_k", "present_v"):
+                io.bind_output(name, "cpu")
+            sess.run_with_iobinding(io)
+            logits, pk, pv = io.get_outputs()
+            greedy = np.argmax(logits.numpy()[0], axis=-1)
+            if not drafts:
+                new = [int(greedy[-1])]
+            else:
+                a = 0
+                while a < len(drafts) and drafts[a] == int(greedy[a]):
+                    a += 1
+                new = [*drafts[:a], int(greedy[a])]
+                proposed, accepted = proposed + len(drafts), accepted + a
+                if a < len(drafts):  # the rejected drafts' positions leave the cache
+                    keep = pk.shape()[3] - (len(drafts) - a)
+                    pk = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(pk.numpy()[:, :, :, :keep]))
+                    pv = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(pv.numpy()[:, :, :, :keep]))
+            first = False
+            stop = False
+            for tok in new:
+                toks.append(tok)
+                ctx.append(tok)
+                if tok in eos or len(toks) >= n:
+                    stop = True
+                    break
+            marks.append(clock.mark())
+            if stop:
+                break
+            feed = np.asarray([[ctx[-1]]], np.int64)
+        t = [int(x) for x in clock.resolve(marks)]
+        return OrtDecodeRun(tuple(toks), t[1] - t[0], t[-1] - t[1], proposed, accepted, steps)
 
 
 def build_ort_lm(model: Any, work: Path, threads: int, quant: dict[str, Any] | None = None,

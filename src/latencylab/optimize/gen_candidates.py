@@ -294,6 +294,26 @@ def candidates(ctx: GenContext, more_threads: int | None = None) -> list[GenCand
         GenCandidate("spec-int8-k3", "speculative", {"weights": "fp32", "threads": t, "draft": "int8", "k": 3},
                      "greedy speculative decoding of the FP32 model, draft: its dynamic INT8 copy, k=3", exact=True),
     ]  # fmt: skip
+    from latencylab.optimize.gen_ort import ort_skip
+
+    no_ort = ort_skip(ctx.model)
+    out += [  # early: the search's time cap cuts the list's tail
+        GenCandidate("ort-fp32", "ort", {"runtime": "ort", "bits": 0, "threads": t},
+                     "the model as one ONNX Runtime graph with its K/V cache (q/k/v and gate/up MatMuls fused), FP32",
+                     skip=no_ort),
+        GenCandidate("ort-fp32-lookup-k4", "ort", {"runtime": "ort", "bits": 0, "draft": "lookup", "k": 4,
+                     "threads": t},
+                     "ort-fp32 with greedy speculative decoding: prompt-lookup drafts (k=4) verified as a chunk of "
+                     "the graph's forward (the graph's own greedy output by construction)", skip=no_ort),
+        GenCandidate("ort-int8-block32", "ort", {"runtime": "ort", "bits": 8, "block": 32, "accuracy_level": 4,
+                     "threads": t},
+                     "one ONNX Runtime graph, every MatMul as MatMulNBits: INT8 weights with a scale and zero point "
+                     "per 32 inputs, activations quantised to INT8 per block of 32 in the kernel (accuracy level 4)",
+                     skip=no_ort),
+        GenCandidate("ort-int4-block32", "ort", {"runtime": "ort", "bits": 4, "block": 32, "accuracy_level": 4,
+                     "threads": t},
+                     "as ort-int8-block32 with 4-bit weights (llama.cpp's Q4-like bytes)", skip=no_ort),
+    ]  # fmt: skip
     if more_threads and more_threads != t:
         out.append(GenCandidate(f"fp32-t{more_threads}", "threads", {"weights": "fp32", "threads": more_threads},
                                 f"FP32 eager at {more_threads} threads (the baseline has {t})"))  # fmt: skip
@@ -336,22 +356,6 @@ def candidates(ctx: GenContext, more_threads: int | None = None) -> list[GenCand
         GenCandidate("compile-decode-bf16", "compile",
                      {"weights": "fp32", "dtype": "bf16", "compile": "inductor", "threads": t},
                      "torch.compile (inductor) of the BF16 decode step over a static KV cache; prefill eager"),
-    ]  # fmt: skip
-    from latencylab.optimize.gen_ort import ort_skip
-
-    no_ort = ort_skip(ctx.model)
-    out += [
-        GenCandidate("ort-fp32", "ort", {"runtime": "ort", "bits": 0, "threads": t},
-                     "the model as one ONNX Runtime graph with its K/V cache (q/k/v and gate/up MatMuls fused), FP32",
-                     skip=no_ort),
-        GenCandidate("ort-int8-block32", "ort", {"runtime": "ort", "bits": 8, "block": 32, "accuracy_level": 4,
-                     "threads": t},
-                     "one ONNX Runtime graph, every MatMul as MatMulNBits: INT8 weights with a scale and zero point "
-                     "per 32 inputs, activations quantised to INT8 per block of 32 in the kernel (accuracy level 4)",
-                     skip=no_ort),
-        GenCandidate("ort-int4-block32", "ort", {"runtime": "ort", "bits": 4, "block": 32, "accuracy_level": 4,
-                     "threads": t},
-                     "as ort-int8-block32 with 4-bit weights (llama.cpp's Q4-like bytes)", skip=no_ort),
     ]  # fmt: skip
     quanto = any(importlib.util.find_spec(m) is not None for m in ("optimum", "hqq"))  # optimum.quanto's parent
     out.append(GenCandidate("kv-int8", "kv-dtype", {"kv_dtype": "int8"}, "INT8 KV cache",

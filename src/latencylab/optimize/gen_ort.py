@@ -3,7 +3,9 @@
 zero point per 32 weights; ``accuracy_level`` 4: activations quantised to INT8 per block in the kernel).
 
 Params: ``{"runtime": "ort", "threads": t, "bits": 0 | 8 | 4, "block": 32, "accuracy_level": 4}`` (bits 0:
-FP32). The graphs are written to a temporary directory the runner removes on ``close``.
+FP32); with ``"draft": "lookup", "k": K`` greedy speculative decoding with prompt-lookup drafts verified in the
+graph (``OrtLM.generate_lookup``: the graph's own greedy tokens, by construction). The graphs are written to a
+temporary directory the runner removes on ``close``.
 """
 
 from __future__ import annotations
@@ -39,16 +41,22 @@ def ort_skip(model: Any) -> str | None:
 class OrtGenRunner:
     """``GenRunner``'s interface over :class:`latencylab.gen.ort_decode.OrtLM`."""
 
-    def __init__(self, lm: Any, work: Path, clock: Any, threads: int) -> None:
-        self.lm, self.work, self.clock, self.threads = lm, work, clock, threads
+    def __init__(self, lm: Any, work: Path, clock: Any, threads: int, lookup_k: int = 0) -> None:
+        self.lm, self.work, self.clock, self.threads, self.lookup_k = lm, work, clock, threads, lookup_k
         self.model = lm.model  # the scoring graph, called as an HF model by the fidelity checks
         self.stats: dict[str, Any] = {}
 
     def generate(self, ids: Sequence[int], n: int, eos: frozenset[int] = frozenset()) -> GenRun:
         from latencylab.optimize.gen_candidates import GenRun
 
-        r = self.lm.generate(ids, n, eos, self.clock)
-        return GenRun(r.tokens, r.ttft_ns, r.decode_ns)
+        if self.lookup_k:
+            r = self.lm.generate_lookup(ids, n, eos, self.clock, self.lookup_k)
+        else:
+            r = self.lm.generate(ids, n, eos, self.clock)
+        return GenRun(r.tokens, r.ttft_ns, r.decode_ns, r.proposed, r.accepted, r.steps)
+
+    def live_stats(self) -> dict[str, Any]:
+        return dict(self.stats)
 
     def close(self) -> None:
         self.lm = self.model = None
@@ -56,6 +64,7 @@ class OrtGenRunner:
 
 
 def build_ort(ctx: GenContext, params: Mapping[str, Any]) -> OrtGenRunner:
+    from latencylab.errors import LatencyLabError
     from latencylab.gen.ort_decode import build_ort_lm
     from latencylab.timing import now_ns
 
@@ -75,7 +84,10 @@ def build_ort(ctx: GenContext, params: Mapping[str, Any]) -> OrtGenRunner:
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    runner = OrtGenRunner(lm, work, ctx.clock, threads)
+    draft = params.get("draft")
+    if draft not in (None, "lookup"):
+        raise LatencyLabError(f"ort runtime: draft {draft!r} not supported (prompt lookup: 'lookup')")
+    runner = OrtGenRunner(lm, work, ctx.clock, threads, int(params.get("k", 4)) if draft else 0)
     size = sum(p.stat().st_size for p in work.glob("gen-*.onnx"))
     runner.stats = {"export_s": (now_ns(ctx.clock) - t0) / 1e9, "graph_mb": round(size / 2**20, 1)}
     if quant:

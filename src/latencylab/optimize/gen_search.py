@@ -360,7 +360,7 @@ def _choose(
     chosen, best = None, math.inf
     b_tpot, b_ttft = base.tpot_equal_work_ms, np.median(base.ttft_ns) if base.ttft_ns else None
     for r in results.values():
-        if not r.tpot_ns or not b_tpot or r.tpot_equal_work_ms is None:
+        if not r.tpot_ns or not b_tpot or not r.tpot_equal_work_ms:  # None, or no time on the clock: no ratio
             continue
         gm, lo, hi = paired_ratio_ci([a / b for a, b in zip(r.tpot_ns, base.tpot_ns, strict=True)])
         speedups[r.name] = {
