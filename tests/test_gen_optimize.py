@@ -154,7 +154,7 @@ def test_every_candidate_is_built_scored_and_timed_on_the_clock() -> None:
            "int8-dynamic-screen-validated"}  # fmt: skip
     assert s13 <= set(names)
     # the ONNX Runtime graphs run outside torch (the clock's forward hook): tests/test_gen_ort.py
-    assert {"ort-fp32", "ort-fp32-lookup-k4", "ort-int8-block32", "ort-int4-block32"} <= set(names)
+    assert {"ort-fp32", "ort-fp32-lookup-k4", "ort-fp32-int8draft-k4", "ort-int8-block32"} <= set(names)
     only = tuple(n for n in names[1:] if n != "compile-decode-bf16" and n not in s13 and not n.startswith("ort-"))
     doc = toy.lab(GenLabConfig.quick(budget="token_agreement>=0", tokens=6, rounds=2, only=only))
     c = by_name(doc)

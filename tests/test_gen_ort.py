@@ -95,7 +95,9 @@ def test_the_search_builds_and_scores_an_ort_runner() -> None:
     calibration = (tuple(range(30, 40)),)
     ctx = GenContext(model, GenInputs(seqs, seqs, seqs, calibration, frozenset({2})), 1, clock=FakeClock())
     names = {c.name: c for c in candidates(ctx)}
-    assert {"ort-fp32", "ort-int8-block32", "ort-int4-block32"} <= set(names)
+    assert {"ort-fp32", "ort-fp32-lookup-k4", "ort-fp32-int8draft-k4", "ort-int8-block32", "ort-int4-block32"} <= set(
+        names
+    )
     assert names["ort-int8-block32"].skip is None
     runner: Any = build(ctx, names["ort-fp32"].params)
     work = runner.work
@@ -110,6 +112,14 @@ def test_the_search_builds_and_scores_an_ort_runner() -> None:
     q = build(ctx, names["ort-int8-block32"].params)
     assert q.stats["matmul_nbits"] == {"bits": 8, "block": 32, "accuracy_level": 4}  # type: ignore[attr-defined]
     q.close()
+    spec = build(ctx, names["ort-fp32-int8draft-k4"].params)
+    run = spec.generate(P2, 8)
+    assert list(run.tokens) == list(generate(model, P2, 8, DecodeConfig(ignore_eos=True)))
+    assert run.proposed > 0 and run.steps > 0
+    spec.close()
+    for bad, why in (({"draft": "int4"}, "not supported"), ({"draft": "ort-int8", "bits": 8}, "FP32 target")):
+        with pytest.raises(LatencyLabError, match=why):
+            build(ctx, {"runtime": "ort", "bits": 0, "threads": 1, **bad})
 
 
 def test_a_model_the_graph_does_not_reproduce_is_refused() -> None:
@@ -168,3 +178,34 @@ def test_drafts_that_are_always_right_are_all_kept(tmp_path: Path, monkeypatch: 
     assert spec.tokens == plain
     assert spec.accepted == spec.proposed > 0
     assert spec.steps <= 5  # 19 tokens after the first, up to 5 a verify step (4 drafts + the model's own)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_a_model_draft_gives_the_targets_greedy_tokens(tmp_path: Path, k: int) -> None:
+    from latencylab.gen.ort_decode import OrtLM
+    from latencylab.gen.ort_spec import generate_with_draft
+
+    target_model, other = tiny(seed=5), tiny(seed=6)
+    target = build_ort_lm(target_model, tmp_path / "t", threads=1)
+    # drafts: the target's own INT8 copy (mostly right) and an unrelated model (mostly wrong)
+    quantize_matmuls(target.gen_path, tmp_path / "q8.onnx", bits=8, block=32)
+    int8 = OrtLM(tmp_path / "q8.onnx", None, 1, 2, 2, 16)
+    wrong = build_ort_lm(other, tmp_path / "o", threads=1, scoring=False)
+    for draft, name in ((int8, "int8"), (wrong, "other")):
+        tot = {"proposed": 0, "accepted": 0}
+        for p in (P1, P2, [9, 9, 9]):
+            plain = target.generate(p, 14, frozenset(), FakeClock()).tokens
+            spec = generate_with_draft(target, draft, p, 14, frozenset(), FakeClock(), k=k)
+            assert spec.tokens == plain, name  # both caches cut back to what was kept, whatever the draft
+            tot["proposed"] += spec.proposed
+            tot["accepted"] += spec.accepted
+            stop = plain[4]
+            cut = generate_with_draft(target, draft, p, 14, frozenset({stop}), FakeClock(), k=k).tokens
+            assert cut == plain[: plain.index(stop) + 1]
+        assert tot["proposed"] > 0
+        if name == "int8":  # the INT8 copy agrees with its FP32 graph far more often than a stranger does
+            kept_int8 = tot["accepted"] / tot["proposed"]
+        else:
+            assert tot["accepted"] / tot["proposed"] < kept_int8
+    with pytest.raises(ValueError, match="k must be"):
+        generate_with_draft(target, int8, P1, 4, frozenset(), FakeClock(), k=0)

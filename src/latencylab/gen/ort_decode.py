@@ -67,6 +67,48 @@ class OrtLM:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
+    def empty_cache(self) -> tuple[Any, Any]:
+        import numpy as np
+        import onnxruntime as ort
+
+        empty = np.zeros(self.kv_shape, np.float32)
+        return ort.OrtValue.ortvalue_from_numpy(empty), ort.OrtValue.ortvalue_from_numpy(empty)
+
+    def full_session(self) -> Any:
+        if self._full is None:
+            if self.full_path is None:
+                raise RuntimeError("no scoring graph")
+            self._full = self._session(Path(self.full_path))
+        return self._full
+
+    def run(self, tokens: Sequence[int], pk: Any, pv: Any, every: bool = False) -> tuple[Any, Any, Any]:
+        """One forward of ``tokens`` after the cache ``pk``/``pv``: (logits [S or 1, V] as numpy, the grown
+        cache). ``every``: every position's logits (the scoring graph), else the last one's."""
+        import numpy as np
+
+        sess = self.full_session() if every else self._sess
+        io = sess.io_binding()
+        io.bind_cpu_input("input_ids", np.asarray([list(tokens)], np.int64))
+        io.bind_ortvalue_input("past_k", pk)
+        io.bind_ortvalue_input("past_v", pv)
+        for name in ("logits", "present_k", "present_v"):
+            io.bind_output(name, "cpu")
+        sess.run_with_iobinding(io)
+        logits, pk, pv = io.get_outputs()
+        return logits.numpy()[0], pk, pv
+
+    @staticmethod
+    def cut(pk: Any, pv: Any, keep: int) -> tuple[Any, Any]:
+        """The cache's first ``keep`` positions (a copy; unchanged when it holds no more)."""
+        import numpy as np
+        import onnxruntime as ort
+
+        if pk.shape()[3] <= keep:
+            return pk, pv
+        return tuple(
+            ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x.numpy()[:, :, :, :keep])) for x in (pk, pv)
+        )
+
     def full_forward(self, ids: Any) -> Any:
         """Every position's logits [B, S, V] for ``ids`` [B, S] (no past; the graph takes one row at a time)."""
         import numpy as np
@@ -137,6 +179,7 @@ class OrtLM:
             sess = self._full if drafts else self._sess
             if drafts:
                 feed = np.asarray([[ctx[-1], *drafts]], np.int64)
+            if not first:  # every decode forward is a step, drafted or not (as gen/speculative.py counts)
                 steps += 1
             io = sess.io_binding()
             io.bind_cpu_input("input_ids", feed)

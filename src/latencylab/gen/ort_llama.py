@@ -1,9 +1,10 @@
 """A Llama-family causal LM as one ONNX graph with its K/V cache as inputs and outputs, for ONNX Runtime.
 
 Why: on a CPU the eager decode step of a 135M model spends more time in Python and small ops (norms, RoPE,
-attention, dispatch) than in its weight reads; one ORT graph runs the whole step in C++ (docs/genserve.md and
-docs/benchmarks/optimize-gen.md, "ONNX Runtime decode"). ``LlamaStep`` re-expresses the HF model's forward
-with plain tensor ops on its own weights (no HF cache classes, which do not export), so the graph is
+attention, dispatch) than in its weight reads; one ORT graph runs the whole step in C++
+(docs/benchmarks/optimize-gen.md, "Session 25: the model as one ONNX Runtime graph"). ``LlamaStep``
+re-expresses the HF model's forward with plain tensor ops on its own weights (no HF cache classes, which do not
+export), so the graph is
 
     (input_ids [1, S], past_k [L, 1, Hkv, T, D], past_v [L, 1, Hkv, T, D])
         -> (logits [1, S or 1, V], present_k [L, 1, Hkv, T + S, D], present_v [...])

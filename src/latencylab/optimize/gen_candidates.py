@@ -305,6 +305,13 @@ def candidates(ctx: GenContext, more_threads: int | None = None) -> list[GenCand
                      "threads": t},
                      "ort-fp32 with greedy speculative decoding: prompt-lookup drafts (k=4) verified as a chunk of "
                      "the graph's forward (the graph's own greedy output by construction)", skip=no_ort),
+        GenCandidate("ort-fp32-int8draft-k4", "ort", {"runtime": "ort", "bits": 0, "draft": "ort-int8", "k": 4,
+                     "threads": t},
+                     "ort-fp32 with greedy speculative decoding: its blockwise-INT8 copy (ort-int8-block32) drafts 4 "
+                     "tokens, the FP32 graph verifies them in one forward (its own greedy output by construction)",
+                     skip=no_ort),
+        GenCandidate("ort-fp32-int8draft-k8", "ort", {"runtime": "ort", "bits": 0, "draft": "ort-int8", "k": 8,
+                     "threads": t}, "as ort-fp32-int8draft-k4, 8 drafted tokens a verify step", skip=no_ort),
         GenCandidate("ort-int8-block32", "ort", {"runtime": "ort", "bits": 8, "block": 32, "accuracy_level": 4,
                      "threads": t},
                      "one ONNX Runtime graph, every MatMul as MatMulNBits: INT8 weights with a scale and zero point "

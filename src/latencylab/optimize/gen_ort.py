@@ -4,8 +4,9 @@ zero point per 32 weights; ``accuracy_level`` 4: activations quantised to INT8 p
 
 Params: ``{"runtime": "ort", "threads": t, "bits": 0 | 8 | 4, "block": 32, "accuracy_level": 4}`` (bits 0:
 FP32); with ``"draft": "lookup", "k": K`` greedy speculative decoding with prompt-lookup drafts verified in the
-graph (``OrtLM.generate_lookup``: the graph's own greedy tokens, by construction). The graphs are written to a
-temporary directory the runner removes on ``close``.
+graph (``OrtLM.generate_lookup``), with ``"draft": "ort-int8"`` the FP32 graph verifies K tokens drafted by its own
+blockwise-INT8 copy (``gen/ort_spec.py``): the FP32 graph's own greedy tokens, by construction, either way. The
+graphs are written to a temporary directory the runner removes on ``close``.
 """
 
 from __future__ import annotations
@@ -41,15 +42,22 @@ def ort_skip(model: Any) -> str | None:
 class OrtGenRunner:
     """``GenRunner``'s interface over :class:`latencylab.gen.ort_decode.OrtLM`."""
 
-    def __init__(self, lm: Any, work: Path, clock: Any, threads: int, lookup_k: int = 0) -> None:
+    def __init__(
+        self, lm: Any, work: Path, clock: Any, threads: int, lookup_k: int = 0, draft: Any = None, k: int = 4
+    ) -> None:
         self.lm, self.work, self.clock, self.threads, self.lookup_k = lm, work, clock, threads, lookup_k
+        self.draft, self.k = draft, k  # a draft OrtLM: speculative decoding with a model draft (gen/ort_spec.py)
         self.model = lm.model  # the scoring graph, called as an HF model by the fidelity checks
         self.stats: dict[str, Any] = {}
 
     def generate(self, ids: Sequence[int], n: int, eos: frozenset[int] = frozenset()) -> GenRun:
         from latencylab.optimize.gen_candidates import GenRun
 
-        if self.lookup_k:
+        if self.draft is not None:
+            from latencylab.gen.ort_spec import generate_with_draft
+
+            r = generate_with_draft(self.lm, self.draft, ids, n, eos, self.clock, self.k)
+        elif self.lookup_k:
             r = self.lm.generate_lookup(ids, n, eos, self.clock, self.lookup_k)
         else:
             r = self.lm.generate(ids, n, eos, self.clock)
@@ -59,7 +67,7 @@ class OrtGenRunner:
         return dict(self.stats)
 
     def close(self) -> None:
-        self.lm = self.model = None
+        self.lm = self.model = self.draft = None
         shutil.rmtree(self.work, ignore_errors=True)
 
 
@@ -79,15 +87,25 @@ def build_ort(ctx: GenContext, params: Mapping[str, Any]) -> OrtGenRunner:
         }
     work = Path(tempfile.mkdtemp(prefix="latencylab-ort-"))
     t0 = now_ns(ctx.clock)
+    draft, k = params.get("draft"), int(params.get("k", 4))
+    if draft not in (None, "lookup", "ort-int8"):
+        raise LatencyLabError(f"ort runtime: draft {draft!r} not supported (known: lookup, ort-int8)")
+    if draft == "ort-int8" and quant:
+        raise LatencyLabError("ort runtime: an INT8 draft verifies an FP32 target (bits 0)")
     try:
         lm = build_ort_lm(ctx.model, work, threads, quant)
+        dlm = None
+        if draft == "ort-int8":  # the target's generation graph with blockwise INT8 MatMuls (ort-int8-block32)
+            from latencylab.gen.ort_decode import OrtLM
+            from latencylab.gen.ort_llama import quantize_matmuls
+
+            q = work / "draft-q8b32.onnx"
+            quantize_matmuls(lm.gen_path, q, bits=8, block=32, accuracy_level=4)
+            dlm = OrtLM(q, None, threads, *lm.kv_shape[:1], lm.kv_shape[2], lm.kv_shape[4])
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    draft = params.get("draft")
-    if draft not in (None, "lookup"):
-        raise LatencyLabError(f"ort runtime: draft {draft!r} not supported (prompt lookup: 'lookup')")
-    runner = OrtGenRunner(lm, work, ctx.clock, threads, int(params.get("k", 4)) if draft else 0)
+    runner = OrtGenRunner(lm, work, ctx.clock, threads, k if draft == "lookup" else 0, dlm, k)
     size = sum(p.stat().st_size for p in work.glob("gen-*.onnx"))
     runner.stats = {"export_s": (now_ns(ctx.clock) - t0) / 1e9, "graph_mb": round(size / 2**20, 1)}
     if quant:
