@@ -13,29 +13,11 @@ pytest.importorskip("transformers")
 
 from latencylab.genserve.scheduler import GenRequest, Sampling, Scheduler, SchedulerConfig, Seq  # noqa: E402
 from latencylab.workloads.gen_decode import DecodeConfig, generate  # noqa: E402
-
-VOCAB = 96
-
-
-@pytest.fixture(scope="module")
-def tiny():  # type: ignore[no-untyped-def]
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
-    )  # fmt: skip
-    return LlamaForCausalLM(cfg).eval()
-
-
-def prompt(n: int, seed: int) -> tuple[int, ...]:
-    g = torch.Generator().manual_seed(seed)
-    return tuple(int(x) for x in torch.randint(3, VOCAB, (n,), generator=g))
+from test_genserve_packed import VOCAB, prompt, tiny  # noqa: E402, F401  (tiny: a fixture)
 
 
 @pytest.mark.parametrize(("wrong_at", "kept"), [(None, 5), (0, 1), (1, 2), (3, 4)])
-def test_verify_keeps_the_agreeing_prefix_and_the_models_next_token(tiny, wrong_at, kept) -> None:  # type: ignore[no-untyped-def]
+def test_verify_keeps_the_agreeing_prefix_and_the_models_next_token(tiny, wrong_at, kept) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from latencylab.genserve.packed import PackedEngine
 
     p = prompt(13, 7)
@@ -56,7 +38,7 @@ def test_verify_keeps_the_agreeing_prefix_and_the_models_next_token(tiny, wrong_
     assert s.tokens == want
 
 
-def test_drafts_are_refused_for_a_sampled_sequence_and_past_the_reservation(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_drafts_are_refused_for_a_sampled_sequence_and_past_the_reservation(tiny) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from latencylab.genserve.packed import PackedEngine
 
     eng = PackedEngine(tiny)
@@ -76,7 +58,7 @@ def test_drafts_are_refused_for_a_sampled_sequence_and_past_the_reservation(tiny
         SchedulerConfig(spec_lookup_k=4, spec_max_batch=0)
 
 
-def test_served_greedy_answers_with_prompt_lookup_equal_plain_decoding(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_served_greedy_answers_with_prompt_lookup_equal_plain_decoding(tiny) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from latencylab.genserve.packed import PackedEngine
 
     base = prompt(8, 3)

@@ -16,7 +16,7 @@ from typing import Any
 
 from latencylab.clock import Clock
 
-__all__ = ["OrtDecodeRun", "OrtLM", "build_ort_lm"]
+__all__ = ["OrtDecodeRun", "OrtLM", "build_ort_lm", "take"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,29 +124,18 @@ class OrtLM:
     def generate(self, ids: Sequence[int], n: int, eos: frozenset[int], clock: Clock) -> OrtDecodeRun:
         """Greedy, up to ``n`` tokens, stopping after an ``eos`` token (none: exactly ``n``)."""
         import numpy as np
-        import onnxruntime as ort
 
-        sess = self._sess
-        empty = np.zeros(self.kv_shape, np.float32)
-        pk, pv = ort.OrtValue.ortvalue_from_numpy(empty), ort.OrtValue.ortvalue_from_numpy(empty)
-        feed = np.asarray([list(ids)], np.int64)
-        toks: list[int] = []
+        pk, pv = self.empty_cache()
+        ctx, toks = list(ids), list[int]()
         marks = [clock.mark()]
-        for _ in range(n):
-            io = sess.io_binding()
-            io.bind_cpu_input("input_ids", feed)
-            io.bind_ortvalue_input("past_k", pk)
-            io.bind_ortvalue_input("past_v", pv)
-            for name in ("logits", "present_k", "present_v"):
-                io.bind_output(name, "cpu")
-            sess.run_with_iobinding(io)
-            logits, pk, pv = io.get_outputs()
-            tok = int(np.argmax(logits.numpy()[0, -1]))
-            toks.append(tok)
-            marks.append(clock.mark())
-            if tok in eos:
+        feed = ctx
+        while True:
+            logits, pk, pv = self.run(feed, pk, pv)
+            if take([int(np.argmax(logits[-1]))], toks, ctx, eos, n):
+                marks.append(clock.mark())
                 break
-            feed = np.asarray([[tok]], np.int64)
+            marks.append(clock.mark())
+            feed = ctx[-1:]
         t = [int(x) for x in clock.resolve(marks)]
         return OrtDecodeRun(tuple(toks), t[1] - t[0], t[-1] - t[1])
 
@@ -159,63 +148,40 @@ class OrtLM:
         back to the kept positions. The tokens are this graph's plain greedy tokens (``generate``), by
         construction; a step without a draft is a plain step."""
         import numpy as np
-        import onnxruntime as ort
 
         from latencylab.gen.drafts import lookup
 
-        if self._full is None:
-            if self.full_path is None:
-                raise RuntimeError("no scoring graph")
-            self._full = self._session(Path(self.full_path))
-        empty = np.zeros(self.kv_shape, np.float32)
-        pk, pv = ort.OrtValue.ortvalue_from_numpy(empty), ort.OrtValue.ortvalue_from_numpy(empty)
+        pk, pv = self.empty_cache()
         ctx, toks = list(ids), list[int]()
-        feed = np.asarray([ctx], np.int64)
         marks = [clock.mark()]
+        logits, pk, pv = self.run(ctx, pk, pv)
+        new = [int(np.argmax(logits[-1]))]
         proposed = accepted = steps = 0
-        first = True
-        while len(toks) < n:
-            drafts = [] if first else lookup(ctx, min(k, n - len(toks) - 1))
-            sess = self._full if drafts else self._sess
-            if drafts:
-                feed = np.asarray([[ctx[-1], *drafts]], np.int64)
-            if not first:  # every decode forward is a step, drafted or not (as gen/speculative.py counts)
-                steps += 1
-            io = sess.io_binding()
-            io.bind_cpu_input("input_ids", feed)
-            io.bind_ortvalue_input("past_k", pk)
-            io.bind_ortvalue_input("past_v", pv)
-            for name in ("logits", "present_k", "present_v"):
-                io.bind_output(name, "cpu")
-            sess.run_with_iobinding(io)
-            logits, pk, pv = io.get_outputs()
-            greedy = np.argmax(logits.numpy()[0], axis=-1)
-            if not drafts:
-                new = [int(greedy[-1])]
-            else:
-                a = 0
-                while a < len(drafts) and drafts[a] == int(greedy[a]):
-                    a += 1
-                new = [*drafts[:a], int(greedy[a])]
-                proposed, accepted = proposed + len(drafts), accepted + a
-                if a < len(drafts):  # the rejected drafts' positions leave the cache
-                    keep = pk.shape()[3] - (len(drafts) - a)
-                    pk = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(pk.numpy()[:, :, :, :keep]))
-                    pv = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(pv.numpy()[:, :, :, :keep]))
-            first = False
-            stop = False
-            for tok in new:
-                toks.append(tok)
-                ctx.append(tok)
-                if tok in eos or len(toks) >= n:
-                    stop = True
-                    break
+        while not take(new, toks, ctx, eos, n):
             marks.append(clock.mark())
-            if stop:
-                break
-            feed = np.asarray([[ctx[-1]]], np.int64)
+            steps += 1  # every decode forward is a step, drafted or not (as gen/speculative.py counts)
+            drafts = lookup(ctx, min(k, n - len(toks) - 1))
+            logits, pk, pv = self.run([ctx[-1], *drafts], pk, pv, every=bool(drafts))
+            greedy = np.argmax(logits, axis=-1)
+            a = 0
+            while a < len(drafts) and drafts[a] == int(greedy[a]):
+                a += 1
+            new = [*drafts[:a], int(greedy[a] if drafts else greedy[-1])]
+            proposed, accepted = proposed + len(drafts), accepted + a
+            pk, pv = self.cut(pk, pv, len(ctx) + a)  # the rejected drafts' positions leave the cache
+        marks.append(clock.mark())
         t = [int(x) for x in clock.resolve(marks)]
         return OrtDecodeRun(tuple(toks), t[1] - t[0], t[-1] - t[1], proposed, accepted, steps)
+
+
+def take(new: Sequence[int], toks: list[int], ctx: list[int], eos: frozenset[int], n: int) -> bool:
+    """Append ``new`` to the reply and the context up to an EOS token or the ``n``-th token; True: the reply ends."""
+    for tok in new:
+        toks.append(tok)
+        ctx.append(tok)
+        if tok in eos or len(toks) >= n:
+            return True
+    return False
 
 
 def build_ort_lm(model: Any, work: Path, threads: int, quant: dict[str, Any] | None = None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from latencylab.clock import Clock
-from latencylab.gen.ort_decode import OrtDecodeRun, OrtLM
+from latencylab.gen.ort_decode import OrtDecodeRun, OrtLM, take
 
 __all__ = ["generate_with_draft"]
 
@@ -34,17 +34,8 @@ def generate_with_draft(
     dlen = len(ctx)
     new = [int(np.argmax(logits[-1]))]
     proposed = accepted = steps = 0
-    while True:
-        stop = False
-        for tok in new:
-            toks.append(tok)
-            ctx.append(tok)
-            if tok in eos or len(toks) >= n:
-                stop = True
-                break
+    while not take(new, toks, ctx, eos, n):
         marks.append(clock.mark())
-        if stop:
-            break
         kk = min(k, n - len(toks) - 1)
         if kk == 0:  # one token left: a plain step
             logits, tk, tv = target.run(ctx[-1:], tk, tv)
@@ -69,5 +60,6 @@ def generate_with_draft(
         tk, tv = OrtLM.cut(tk, tv, len(ctx) + a)
         dlen = min(dlen, len(ctx) + a)
         dk, dv = OrtLM.cut(dk, dv, dlen)
+    marks.append(clock.mark())
     t = [int(x) for x in clock.resolve(marks)]
     return OrtDecodeRun(tuple(toks), t[1] - t[0], t[-1] - t[1], proposed, accepted, steps)
