@@ -1,11 +1,14 @@
 """Greedy speculative decoding with a model draft, both as ONNX Runtime graphs (``gen/ort_decode.OrtLM``): the
 draft (e.g. the target's graph with blockwise INT8 MatMuls) proposes ``k`` tokens one plain step at a time, the
 target verifies them as one causal chunk (its every-position graph), keeps the longest agreeing prefix and its
-own next token, and both caches are cut back to what was kept. The tokens are the target graph's plain greedy
+own next token, and the target's cache is cut back to what was kept. The tokens are the target graph's plain greedy
 tokens, by construction: the draft only decides how many a verify step yields.
 
 Cache invariants: the target's holds every context token but the last; the draft's holds ``ctx[:dlen]`` and is fed
-``ctx[dlen:]`` (one or two tokens) before it drafts again.
+``ctx[dlen:]`` before it drafts again. The draft has no cache of its own between steps: it starts from the target's
+(the prompt's K/V from the FP32 prefill, then the target's cache cut to what was kept), so it needs no prefill of
+its own (TTFT is the target's) and no cut of its own; its K/V differ from what it would compute itself, which can
+only change how often it is right, never the tokens.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ def generate_with_draft(
     ctx, toks = list(ids), list[int]()
     marks = [clock.mark()]
     tk, tv = target.empty_cache()
-    dk, dv = draft.empty_cache()
     logits, tk, tv = target.run(ctx, tk, tv)
-    _, dk, dv = draft.run(ctx, dk, dv)
-    dlen = len(ctx)
+    # the draft drafts over the target's cache (the prompt's FP32 K/V): no prefill of its own, and after each
+    # verify it takes the target's cut cache again, so only its drafted positions are its own
+    dk, dv, dlen = tk, tv, len(ctx)
     new = [int(np.argmax(logits[-1]))]
     proposed = accepted = steps = 0
     while not take(new, toks, ctx, eos, n):
@@ -58,8 +61,7 @@ def generate_with_draft(
         new = [*drafts[:a], int(greedy[a])]
         # kept: the context (its last token now in the target's cache) and the accepted drafts
         tk, tv = OrtLM.cut(tk, tv, len(ctx) + a)
-        dlen = min(dlen, len(ctx) + a)
-        dk, dv = OrtLM.cut(dk, dv, dlen)
+        dk, dv, dlen = tk, tv, len(ctx) + a
     marks.append(clock.mark())
     t = [int(x) for x in clock.resolve(marks)]
     return OrtDecodeRun(tuple(toks), t[1] - t[0], t[-1] - t[1], proposed, accepted, steps)
