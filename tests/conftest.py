@@ -122,6 +122,9 @@ SERIAL: dict[str, str] = {
     "test_diagnose_pipelines.py::test_data_path_share_and_the_python_function": "stage shares of real time",
     # its padding cost is a fit of real forward times against lengths: none in a clean-clone CI's part 2
     "test_diagnose_pipelines.py::test_padding_found_without_a_probe": "a cost fitted on real time",
+    # its real optimize run must find a significant speed-up (ort-fp32 on passages128: 1.24x on an AVX2 host),
+    # which part 2's parallel load hid in a clean-clone CI on that host (session 25)
+    "test_serve_from.py::text_best": "a search's significance on real timings",
 }
 
 
