@@ -113,12 +113,9 @@ class OrtLM:
         """Every position's logits [B, S, V] for ``ids`` [B, S] (no past; the graph takes one row at a time)."""
         import numpy as np
 
-        if self._full is None:
-            if self.full_path is None:
-                raise RuntimeError("no scoring graph")
-            self._full = self._session(Path(self.full_path))
+        full = self.full_session()
         empty = np.zeros(self.kv_shape, np.float32)
-        rows = [self._full.run(["logits"], {"input_ids": r[None], "past_k": empty, "past_v": empty})[0] for r in ids]
+        rows = [full.run(["logits"], {"input_ids": r[None], "past_k": empty, "past_v": empty})[0] for r in ids]
         return np.concatenate(rows)
 
     def generate(self, ids: Sequence[int], n: int, eos: frozenset[int], clock: Clock) -> OrtDecodeRun:
@@ -128,13 +125,13 @@ class OrtLM:
         pk, pv = self.empty_cache()
         ctx, toks = list(ids), list[int]()
         marks = [clock.mark()]
-        feed = ctx
+        feed = list(ctx)
         while True:
             logits, pk, pv = self.run(feed, pk, pv)
-            if take([int(np.argmax(logits[-1]))], toks, ctx, eos, n):
-                marks.append(clock.mark())
-                break
+            done = take([int(np.argmax(logits[-1]))], toks, ctx, eos, n)
             marks.append(clock.mark())
+            if done:
+                break
             feed = ctx[-1:]
         t = [int(x) for x in clock.resolve(marks)]
         return OrtDecodeRun(tuple(toks), t[1] - t[0], t[-1] - t[1])
