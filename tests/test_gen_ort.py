@@ -209,3 +209,22 @@ def test_a_model_draft_gives_the_targets_greedy_tokens(tmp_path: Path, k: int) -
             assert tot["accepted"] / tot["proposed"] < kept_int8
     with pytest.raises(ValueError, match="k must be"):
         generate_with_draft(target, int8, P1, 4, frozenset(), FakeClock(), k=0)
+
+
+def test_the_cache_grows_and_cuts_in_place(tmp_path: Path) -> None:
+    """The K/V buffers are written in place: a cache too small for the prompt grows (keeping what it holds), and
+    a cut only moves the length back, the next step overwriting the positions after it."""
+    model = tiny(seed=7)
+    lm = build_ort_lm(model, tmp_path, threads=1, scoring=False)
+    plain = lm.generate(P2, 8, frozenset(), FakeClock()).tokens
+    cache = lm.empty_cache(3)
+    toks: list[int] = []
+    logits = lm.run(P2[:5], cache)  # grows 3 -> 6
+    logits = lm.run(P2[5:], cache)  # grows again
+    assert cache.length == len(P2) and cache.capacity >= len(P2)
+    for _ in range(8):
+        toks.append(int(logits[-1].argmax()))
+        lm.run([toks[-1], 1, 2, 3], cache)  # the token and three wrong positions after it ...
+        lm.cut(cache, cache.length - 4)  # ... cut back before the token: the next step writes over them
+        logits = lm.run([toks[-1]], cache)
+    assert tuple(toks) == plain

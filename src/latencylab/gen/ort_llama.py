@@ -1,19 +1,23 @@
-"""A Llama-family causal LM as one ONNX graph with its K/V cache as inputs and outputs, for ONNX Runtime.
+"""A Llama-family causal LM as one ONNX graph for ONNX Runtime, its K/V cache in buffers the caller owns.
 
 Why: on a CPU the eager decode step of a 135M model spends more time in Python and small ops (norms, RoPE,
 attention, dispatch) than in its weight reads; one ORT graph runs the whole step in C++
-(docs/benchmarks/optimize-gen.md, "Session 25: the model as one ONNX Runtime graph"). ``LlamaStep``
-re-expresses the HF model's forward with plain tensor ops on its own weights (no HF cache classes, which do not
-export), so the graph is
+(docs/benchmarks/optimize-gen.md, "Session 25: the model as one ONNX Runtime graph"). The graph is written
+op by op from the HF model's weights (no tracing, no HF cache classes) with ORT's fused CPU kernels:
 
-    (input_ids [1, S], past_k [L, 1, Hkv, T, D], past_v [L, 1, Hkv, T, D])
-        -> (logits [1, S or 1, V], present_k [L, 1, Hkv, T + S, D], present_v [...])
+    (input_ids [1, S], seqlens_k [1] (int32: T + S - 1), total_sequence_length (int32: T + S),
+     past_k.i, past_v.i [1, Hkv, C, D] for each layer i)
+        -> (logits [1, S or 1, V], present_k.i, present_v.i [1, Hkv, C, D])
 
-with causal attention over the past and the new tokens, positions T .. T + S - 1 (one sequence: the batch
-dimension is fixed at 1, so every reshape has a constant shape and the graph no shape arithmetic per layer).
-``last_only`` keeps the LM head to the last position (generation); without it every position's logits come
-back (perplexity, forced agreement). Linear weights are ``MatMul`` initializers
-[K, N], so :func:`quantize_matmuls` can swap them for ORT's blockwise ``MatMulNBits``.
+Each layer's attention is ``com.microsoft.GroupQueryAttention`` over the packed q|k|v projection, RoPE inside it
+(tables of the model's positions), causal over the ``T`` cached and the ``S`` new positions; the caller binds
+``present_*.i`` to the same buffers as ``past_*.i`` (capacity ``C``), so the kernel writes the new positions in
+place: no cache copy a step (the earlier graph concatenated and restacked the whole cache, ~4 ms a step at 160
+positions here), and cutting a rejected draft is moving ``T`` back. RMS norms are ORT's (Skip)Simplified
+LayerNormalization, the residual add fused in. ``last_only`` keeps the LM head to the last position
+(generation); without it every position's logits come back (verification, perplexity, forced agreement).
+Linear weights are ``MatMul`` initializers [K, N] named ``layers.i.{qkv,o,gateup,down}`` and ``head``, so
+:func:`quantize_matmuls` can swap them for ORT's blockwise ``MatMulNBits``.
 """
 
 from __future__ import annotations
@@ -24,11 +28,15 @@ from typing import Any
 
 from latencylab.errors import LatencyLabError
 
-__all__ = ["check_llama", "export_llama", "quantize_matmuls"]
+__all__ = ["check_llama", "export_llama", "head_dim", "quantize_matmuls"]
+
+
+def head_dim(cfg: Any) -> int:
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
 
 
 def check_llama(model: Any) -> None:
-    """Refuse (one line) a model ``LlamaStep`` does not reproduce."""
+    """Refuse (one line) a model the graph does not reproduce."""
     cfg = model.config
     if getattr(cfg, "model_type", None) != "llama":
         raise LatencyLabError(f"ONNX Runtime decode supports Llama-family models, not {cfg.model_type!r}")
@@ -37,117 +45,117 @@ def check_llama(model: Any) -> None:
         raise LatencyLabError(f"ONNX Runtime decode: rope type {rope.get('rope_type')!r} not supported")
     if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
         raise LatencyLabError("ONNX Runtime decode: biased attention/MLP projections not supported")
+    if head_dim(cfg) % 16:
+        raise LatencyLabError(
+            f"ONNX Runtime decode: head size {head_dim(cfg)} (GroupQueryAttention on the CPU takes multiples of 16)"
+        )
+    if str(getattr(cfg, "hidden_act", "silu")) != "silu":
+        raise LatencyLabError(f"ONNX Runtime decode: activation {cfg.hidden_act!r} not supported (silu)")
 
 
-def _step_module(model: Any, last_only: bool) -> Any:
+def _rope_tables(cfg: Any, hd: int) -> tuple[Any, Any]:
+    """cos, sin [positions, head_dim / 2] as HF computes them (float32 inverse frequencies and positions)."""
     import torch
-    from torch import nn
 
-    cfg = model.config
-    check_llama(model)
     rope = getattr(cfg, "rope_parameters", None) or {}
     theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
-    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    nh, nkv, eps = int(cfg.num_attention_heads), int(cfg.num_key_value_heads), float(cfg.rms_norm_eps)
-    grp, inter = nh // nkv, int(cfg.intermediate_size)
-
-    def t(w: Any) -> Any:  # a Linear's weight [N, K] as a MatMul initializer [K, N]
-        return nn.Parameter(w.detach().t().contiguous(), requires_grad=False)
-
-    class LlamaStep(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            inner = model.model
-            self.embed = nn.Parameter(inner.embed_tokens.weight.detach().clone(), requires_grad=False)
-            self.head = t(model.lm_head.weight)
-            self.norm = nn.Parameter(inner.norm.weight.detach().clone(), requires_grad=False)
-            layers = []
-            for ly in inner.layers:
-                a, m = ly.self_attn, ly.mlp
-                # q, k, v in one MatMul and gate, up in another: fewer, larger weight reads a step
-                p = nn.ParameterDict({
-                    "ln1": nn.Parameter(ly.input_layernorm.weight.detach().clone(), requires_grad=False),
-                    "ln2": nn.Parameter(ly.post_attention_layernorm.weight.detach().clone(), requires_grad=False),
-                    "qkv": t(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
-                    "o": t(a.o_proj.weight), "gateup": t(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
-                    "down": t(m.down_proj.weight),
-                })  # fmt: skip
-                layers.append(p)
-            self.layers = nn.ModuleList(layers)
-            inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-            self.register_buffer("inv_freq", inv, persistent=False)
-            half = hd // 2
-            rot = torch.zeros(hd, hd)  # x @ rot == rotate_half(x) == cat(-x[half:], x[:half])
-            rot[torch.arange(half) + half, torch.arange(half)] = -1.0
-            rot[torch.arange(half), torch.arange(half) + half] = 1.0
-            self.register_buffer("rot", rot, persistent=False)
-
-        @staticmethod
-        def rms(x: Any, w: Any) -> Any:
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-        def forward(self, input_ids: Any, past_k: Any, past_v: Any) -> Any:
-            # batch 1, and reshapes to constant shapes (one -1): no Shape/Gather/Concat chains per layer
-            me: Any = self  # parameters and buffers by name (typed as Module | Tensor)
-            s = input_ids.shape[1]
-            past = past_k.shape[3]
-            pos = torch.arange(s, dtype=torch.float32) + past
-            freqs = pos[:, None] * me.inv_freq[None, :]
-            emb = torch.cat([freqs, freqs], dim=-1)
-            cos, sin = emb.cos()[None, None], emb.sin()[None, None]  # [1, 1, s, d]
-            qi = torch.arange(s)[:, None] + past
-            kj = torch.arange(past + s)[None, :]
-            # causal over the past and the new positions, repeated for the query heads sharing a K/V head
-            mask = torch.where(kj <= qi, 0.0, float("-inf")).repeat(grp, 1)  # [group * s, total]
-            x = me.embed[input_ids]
-            ks, vs = [], []
-            for i, p in enumerate(me.layers):
-                h = self.rms(x, p["ln1"])
-                heads = (h @ p["qkv"]).reshape(1, -1, nh + 2 * nkv, hd).transpose(1, 2)  # [1, heads, s, d]
-                qk = heads[:, : nh + nkv]
-                # RoPE on q and k at once; rotate_half as a MatMul by a signed permutation (exact)
-                qk = qk * cos + (qk @ me.rot) * sin
-                k = torch.cat([past_k[i], qk[:, nh:]], dim=2)
-                v = torch.cat([past_v[i], heads[:, nh + nkv :]], dim=2)
-                ks.append(k)
-                vs.append(v)
-                # grouped-query attention without copying K/V per head: [1, kv, group * s, d]
-                qg = qk[:, :nh].reshape(1, nkv, -1, hd)
-                att = torch.softmax((qg @ k.transpose(-1, -2)) * (hd**-0.5) + mask, -1)
-                o = (att @ v).reshape(1, nh, -1, hd).transpose(1, 2).reshape(1, -1, nh * hd)
-                x = x + o @ p["o"]
-                h = self.rms(x, p["ln2"])
-                gu = h @ p["gateup"]
-                x = x + (torch.nn.functional.silu(gu[..., :inter]) * gu[..., inter:]) @ p["down"]
-            x = self.rms(x, me.norm)
-            if last_only:
-                x = x[:, -1:]
-            return x @ me.head, torch.stack(ks), torch.stack(vs)
-
-    return LlamaStep().eval()
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    pos = torch.arange(int(cfg.max_position_embeddings), dtype=torch.float32)
+    freqs = pos[:, None] * inv[None, :]
+    return freqs.cos().numpy(), freqs.sin().numpy()
 
 
-def export_llama(model: Any, path: Path, last_only: bool = True, opset: int = 17) -> Path:
+def export_llama(model: Any, path: Path, last_only: bool = True) -> Path:
     """Write ``model`` (an HF LlamaForCausalLM) as the graph of the module docstring to ``path``."""
-    import torch
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
 
-    mod = _step_module(model, last_only)
+    check_llama(model)
     cfg = model.config
-    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    shape = (int(cfg.num_hidden_layers), 1, int(cfg.num_key_value_heads), 3, hd)
-    args = (torch.tensor([[1, 2]]), torch.zeros(shape), torch.zeros(shape))
+    hd = head_dim(cfg)
+    nh, nkv, eps = int(cfg.num_attention_heads), int(cfg.num_key_value_heads), float(cfg.rms_norm_eps)
+    inter, n_layers = int(cfg.intermediate_size), int(cfg.num_hidden_layers)
+    inits: list[Any] = []
+    nodes: list[Any] = []
+
+    def init(name: str, arr: Any) -> str:
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(arr, dtype=np.float32), name))
+        return name
+
+    def w(lin_weights: Sequence[Any], name: str) -> str:  # Linear weights [N, K] (concatenated) -> MatMul [K, N]
+        import torch
+
+        return init(name, torch.cat([x.detach().float() for x in lin_weights]).t().numpy())
+
+    def node(op: str, ins: Sequence[str], outs: Sequence[str], domain: str = "", **attrs: Any) -> None:
+        nodes.append(helper.make_node(op, list(ins), list(outs), name=outs[0], domain=domain, **attrs))
+
+    inner = model.model
+    cos, sin = _rope_tables(cfg, hd)
+    init("cos_cache", cos)
+    init("sin_cache", sin)
+    init("embed", inner.embed_tokens.weight.detach().float().numpy())
+    node("Gather", ["embed", "input_ids"], ["x0"])
+    res = "x0"
+    kv_in, kv_out = [], []
+    for i, ly in enumerate(inner.layers):
+        a, m = ly.self_attn, ly.mlp
+        ln2 = init(f"layers.{i}.ln2", ly.post_attention_layernorm.weight.detach().float().numpy())
+        if i == 0:
+            ln1 = init("layers.0.ln1", ly.input_layernorm.weight.detach().float().numpy())
+            node("SimplifiedLayerNormalization", [res, ln1], ["h0"], axis=-1, epsilon=eps)
+        # every later norm takes the residual add with it (the sum is its 4th output, the next residual)
+        qkv = w([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], f"layers.{i}.qkv")
+        node("MatMul", [f"h{i}", qkv], [f"qkv{i}"])
+        pk, pv = f"past_k.{i}", f"past_v.{i}"
+        kv_in += [pk, pv]
+        kv_out += [f"present_k.{i}", f"present_v.{i}"]
+        node("GroupQueryAttention",
+             [f"qkv{i}", "", "", pk, pv, "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache"],
+             [f"att{i}", f"present_k.{i}", f"present_v.{i}"], domain="com.microsoft", num_heads=nh,
+             kv_num_heads=nkv, do_rotary=1, rotary_interleaved=0)  # fmt: skip
+        node("MatMul", [f"att{i}", w([a.o_proj.weight], f"layers.{i}.o")], [f"o{i}"])
+        node("SkipSimplifiedLayerNormalization", [f"o{i}", res, ln2], [f"m{i}", "", "", f"r{i}"],
+             domain="com.microsoft", epsilon=eps)  # fmt: skip
+        node("MatMul", [f"m{i}", w([m.gate_proj.weight, m.up_proj.weight], f"layers.{i}.gateup")], [f"gu{i}"])
+        node("Split", [f"gu{i}", "split_sizes"], [f"g{i}", f"u{i}"], axis=-1)
+        node("Sigmoid", [f"g{i}"], [f"sg{i}"])
+        node("Mul", [f"g{i}", f"sg{i}"], [f"silu{i}"])
+        node("Mul", [f"silu{i}", f"u{i}"], [f"act{i}"])
+        node("MatMul", [f"act{i}", w([m.down_proj.weight], f"layers.{i}.down")], [f"d{i}"])
+        last = i == n_layers - 1
+        norm = (inner.norm if last else inner.layers[i + 1].input_layernorm).weight.detach().float().numpy()
+        gamma = init("norm" if last else f"layers.{i + 1}.ln1", norm)
+        nxt = "hf" if last else f"h{i + 1}"
+        node("SkipSimplifiedLayerNormalization", [f"d{i}", f"r{i}", gamma], [nxt, "", "", f"x{i + 1}"],
+             domain="com.microsoft", epsilon=eps)  # fmt: skip
+        res = f"x{i + 1}"
+    inits.append(numpy_helper.from_array(np.array([inter, inter], np.int64), "split_sizes"))
+    hf = "hf"
+    if last_only:  # the LM head on the last position only
+        for name, val in (("last_start", -1), ("last_end", 2**62), ("axis1", 1)):
+            inits.append(numpy_helper.from_array(np.array([val], np.int64), name))
+        node("Slice", ["hf", "last_start", "last_end", "axis1"], ["hl"])
+        hf = "hl"
+    node("MatMul", [hf, w([model.lm_head.weight], "head")], ["logits"])
+    kv: list[str | int | None] = [1, nkv, "capacity", hd]
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "llama_step",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"]),
+         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+         helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+         *[helper.make_tensor_value_info(n, f32, kv) for n in kv_in]],
+        [helper.make_tensor_value_info("logits", f32, [1, "out", int(cfg.vocab_size)]),
+         *[helper.make_tensor_value_info(n, f32, kv) for n in kv_out]],
+        inits,
+    )  # fmt: skip
+    m_ = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m_.ir_version = 8
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.inference_mode():
-        torch.onnx.export(
-            mod, args, str(path), input_names=["input_ids", "past_k", "past_v"],
-            output_names=["logits", "present_k", "present_v"],
-            dynamic_axes={
-                "input_ids": {1: "seq"}, "past_k": {3: "past"}, "past_v": {3: "past"}, "logits": {1: "out"},
-                "present_k": {3: "total"}, "present_v": {3: "total"},
-            },
-            opset_version=opset, dynamo=False,
-        )  # fmt: skip
+    onnx.save(m_, str(path))
     return path
 
 

@@ -101,7 +101,7 @@ def build_ort(ctx: GenContext, params: Mapping[str, Any]) -> OrtGenRunner:
 
             q = work / "draft-q8b32.onnx"
             quantize_matmuls(lm.gen_path, q, bits=8, block=32, accuracy_level=4)
-            dlm = OrtLM(q, None, threads, lm.kv_shape[0], lm.kv_shape[2], lm.kv_shape[4])
+            dlm = OrtLM(q, None, threads, lm.layers, lm.kv_heads, lm.head_dim)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
