@@ -2,7 +2,7 @@
 attention: 4 heads, 2 K/V heads): the exported graph's logits equal the HF model's, its greedy decoding with
 the K/V cache fed back is token-identical to torch's, EOS stops it, MatMulNBits replaces the MatMuls it is
 asked to (and keeps the others FP32) with outputs close to FP32, the gen search's builder gives a runner the
-fidelity checks score, and ``serve --from`` refuses such a choice in one line."""
+fidelity checks score, and ``serve --from`` takes such a choice (tests/test_genserve_ort.py serves it)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_the_search_builds_and_scores_an_ort_runner() -> None:
     runner.close()
     assert not work.exists()
     q = build(ctx, names["ort-int8-block32"].params)
-    assert q.stats["matmul_nbits"] == {"bits": 8, "block": 32, "accuracy_level": 4}  # type: ignore[attr-defined]
+    assert q.stats["matmul_nbits"] == {"bits": 8, "block": 32, "accuracy_level": 4}
     q.close()
     spec = build(ctx, names["ort-fp32-int8draft-k4"].params)
     run = spec.generate(P2, 8)
@@ -136,11 +136,13 @@ def test_a_model_the_graph_does_not_reproduce_is_refused() -> None:
     assert "Llama-family" in (ort_skip(M()) or "")
 
 
-def test_serve_from_refuses_an_ort_choice() -> None:
+def test_serve_from_takes_an_ort_choice_and_refuses_a_bad_one() -> None:
     from latencylab.genserve.from_optimize import unservable
 
-    why = unservable({"runtime": "ort", "bits": 8, "block": 32, "accuracy_level": 4, "threads": 1})
-    assert why is not None and "ONNX Runtime" in why
+    assert unservable({"runtime": "ort", "bits": 8, "block": 32, "accuracy_level": 4, "threads": 1}) is None
+    assert unservable({"runtime": "ort", "bits": 0, "threads": 1, "draft": "ort-int8", "k": 4}) is None
+    why = unservable({"runtime": "ort", "bits": 0, "threads": 1, "draft": "int4"})
+    assert why is not None and "int4" in why
 
 
 @pytest.mark.parametrize("k", [1, 4])

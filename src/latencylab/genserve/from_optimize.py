@@ -15,9 +15,13 @@ the search built it with (:func:`latencylab.gen.quant.quantize`, :func:`latencyl
   the thread count);
 * BF16 weights and compute; FP32 at another thread count (``fp32-tN``).
 
-Refused, with why (one line): speculative decoding (a continuous-batching step is one forward for every
-running sequence; there is no draft and verify in it), a KV cache dtype (the engine's shared cache holds the
-model's dtype), ``torch.compile`` of the decode step (compiled over a batch-1 static cache, not the engine's
+* the ONNX Runtime graph (``ort-*``: FP32 or blockwise INT8/INT4 MatMuls, alone, with prompt lookup or with its
+  INT8 draft), re-exported from the FP32 model and served by :class:`~latencylab.genserve.ort_engine.OrtEngine`
+  (one sequence a forward: a low-latency engine, its draft-and-verify steps inside the continuous batch).
+
+Refused, with why (one line): speculative decoding over the torch model (a continuous-batching step is one
+forward for every running sequence; there is no model draft in it), a KV cache dtype (the engine's shared cache
+holds the model's dtype), ``torch.compile`` of the decode step (compiled over a batch-1 static cache, not the engine's
 shared batch cache); a recipe of another workload, of another model (the converted model's key), or one whose
 kept layers the model does not have.
 """
@@ -32,7 +36,7 @@ from typing import Any
 
 from latencylab.errors import LatencyLabError
 
-__all__ = ["GenPlan", "check_ladder", "load_gen_plan", "rebuild"]
+__all__ = ["GenPlan", "check_ladder", "load_gen_plan", "ort_engine", "rebuild"]
 
 RESERVED = ("int8", "capped", "cache")  # the ladder's other rung names: a candidate cannot take them
 _FIDELITY = ("token_agreement", "exact", "top1", "ppl_delta")
@@ -101,15 +105,24 @@ def _read(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
+def _ort_unservable(params: Mapping[str, Any]) -> str | None:
+    """The ``ort-*`` family: the graph (FP32 or MatMulNBits), alone, with prompt lookup, or with its INT8 draft."""
+    unknown = sorted(set(params) - {"runtime", "threads", "bits", "block", "accuracy_level", "draft", "k"})
+    if unknown:
+        return f"unknown ONNX Runtime params {', '.join(unknown)}"
+    if params.get("draft") not in (None, "lookup", "ort-int8"):
+        return f"draft {params['draft']!r} (known: lookup, ort-int8)"
+    if params.get("draft") == "ort-int8" and int(params.get("bits", 0)):
+        return "an INT8 draft verifies an FP32 graph (bits 0)"
+    return None
+
+
 def unservable(params: Mapping[str, Any]) -> str | None:
     """Why the continuous-batching engine cannot serve a variant of ``params`` (None: it can)."""
     from latencylab.gen.quant import METHODS
 
     if params.get("runtime") == "ort":
-        return (
-            "an ONNX Runtime graph of one sequence (K/V cache as graph inputs): the continuous-batching engine runs "
-            "the torch model (serve the FP32 or an INT8 torch variant, or run the graph with optimize --recipe)"
-        )
+        return _ort_unservable(params)
     if params.get("draft"):
         return (
             f"speculative decoding ({params['draft']} draft): the continuous-batching engine runs one forward per "
@@ -246,6 +259,8 @@ def rebuild(
             f"{plan.source}: the recipe was made on model {want!r}, this one is {key!r} (rerun optimize --workload gen)"
         )
     params = plan.params
+    if params.get("runtime") == "ort":
+        return ort_engine(model, params, plan.threads)
     weights, dtype = str(params.get("weights", "fp32")), str(params.get("dtype", "fp32"))
     if weights != "fp32":
         from latencylab.gen.quant import quantize
@@ -273,3 +288,35 @@ def rebuild(
 
         return copy.deepcopy(model).to(torch.bfloat16).eval()
     return model  # FP32 (at the plan's threads)
+
+
+def ort_engine(model: Any, params: Mapping[str, Any], threads: int, spec_max_batch: int = 4) -> Any:
+    """An :class:`~latencylab.genserve.ort_engine.OrtEngine` of an ``ort-*`` recipe: the graphs exported from the
+    FP32 ``model`` to a temporary directory (removed at exit), as ``optimize/gen_ort.build_ort`` builds them."""
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from latencylab.gen.ort_decode import OrtLM, build_ort_lm
+    from latencylab.gen.ort_llama import quantize_matmuls
+    from latencylab.genserve.ort_engine import OrtEngine
+
+    bits = int(params.get("bits", 0))
+    quant = None
+    if bits:
+        quant = {
+            "bits": bits,
+            "block": int(params.get("block", 32)),
+            "accuracy_level": int(params.get("accuracy_level", 4)),
+        }
+    work = Path(tempfile.mkdtemp(prefix="latencylab-serve-ort-"))
+    atexit.register(shutil.rmtree, work, True)
+    lm = build_ort_lm(model, work, threads, quant)
+    draft: Any = None
+    if params.get("draft") == "ort-int8":
+        quantize_matmuls(lm.gen_path, work / "draft-q8b32.onnx", bits=8, block=32, accuracy_level=4)
+        draft = OrtLM(work / "draft-q8b32.onnx", None, threads, lm.layers, lm.kv_heads, lm.head_dim)
+    elif params.get("draft") == "lookup":
+        draft = "lookup"
+    return OrtEngine(lm, draft, int(params.get("k", 4)), spec_max_batch)

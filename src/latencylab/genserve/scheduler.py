@@ -388,7 +388,11 @@ class Scheduler:
         drafts = self._drafts(live)
         drafted = kept = 0
         t0 = self.now_ns()
-        if drafts is None:
+        if getattr(self.engine, "drafts_itself", False):  # a model draft inside the engine (genserve/ort_engine.py)
+            firsts, outs, drafted, kept = self.engine.mixed_drafted(chunks, live)  # type: ignore[attr-defined]
+            self.spec_proposed += drafted
+            self.spec_accepted += kept
+        elif drafts is None:
             firsts, out = self.engine.mixed(chunks, live)  # type: ignore[attr-defined]
             outs = [[t] for t in out]
         else:

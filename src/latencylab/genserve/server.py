@@ -143,6 +143,8 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
         raise LatencyLabError(PACKED_WITH_BF16)
 
     def make(model: Any, prefill: str = "fp32") -> Any:
+        if hasattr(model, "mixed"):  # already an engine (an ort-* choice: genserve/ort_engine.py)
+            return model
         if cfg.engine == "packed":  # a step's chunks and decode batch in one forward (genserve/packed.py)
             from latencylab.genserve.packed import PackedEngine
 
