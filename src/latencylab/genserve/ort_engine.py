@@ -50,6 +50,9 @@ class OrtEngine:
         self.target, self.draft, self.k, self.spec_max_batch = target, draft, k, spec_max_batch
         self._caches: dict[int, Any] = {}
         self.forwards = 0
+        kind = "prompt-lookup" if draft == "lookup" else "INT8-graph"
+        what = "" if draft is None else f"; {kind} drafts, k = {k}, in steps of <= {spec_max_batch} sequences"
+        self.label = f"ONNX Runtime engine (one graph forward a sequence{what})"
 
     # -- the Engine protocol ---------------------------------------------------------------------------------
 
@@ -74,7 +77,8 @@ class OrtEngine:
     @property
     def kv_bytes(self) -> int:
         """Bytes of K/V buffers held (each sized for its sequence's reservation)."""
-        return sum(sum(x.numpy().nbytes for x in (*c.k, *c.v)) for c in self._caches.values())
+        per = 2 * self.target.layers * self.target.kv_heads * self.target.head_dim * 4  # K and V, float32
+        return sum(c.capacity * per for c in self._caches.values())
 
     # -- steps -------------------------------------------------------------------------------------------------
 

@@ -163,7 +163,10 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
         prefix = chat_prefix(codec.encode_chat)
         for engine in (main, *standby.values()):
             engine.set_prefix(prefix)
-        log.info("prefix cache: %d tokens of the chat template prefilled once per model rung", len(prefix))
+        log.info(
+            "prefix cache: %d tokens of the chat template prefilled once per model rung%s", len(prefix),
+            " (not the ONNX Runtime rung: it prefills every prompt whole)" if hasattr(main, "drafts_itself") else "",
+        )  # fmt: skip
     svc = GenService(cfg, codec, main, eos_ids(lm.tokenizer, lm.model), standby=standby)
     svc.info[top_name] = {"description": "the FP32 model"}
     if plan is not None:  # what the search measured of it: GET /v1/models, the metadata, the guard's ladder
@@ -290,7 +293,7 @@ def run_gen_serve(args: argparse.Namespace) -> int:
                     if s.itl_cap_s
                     else ""
                 )
-                + f", {svc.cfg.engine} engine"
+                + f", {getattr(svc.engine, 'label', f'{svc.cfg.engine} engine')}"
                 + (
                     f", speculative decoding (prompt lookup, k <= {s.spec_lookup_k}, steps of <= {s.spec_max_batch})"
                     if s.spec_lookup_k
