@@ -248,11 +248,13 @@ def calibration_ids(tokenizer: Any, n: int) -> list[list[int]]:
 
 
 def rebuild(
-    plan: GenPlan, model: Any, key: str, calibration: Sequence[Sequence[int]] | None = None, tokenizer: Any = None
-) -> Any:
+    plan: GenPlan, model: Any, key: str, calibration: Sequence[Sequence[int]] | None = None, tokenizer: Any = None,
+    threads: int | None = None,
+) -> Any:  # fmt: skip
     """The plan's variant of the FP32 ``model`` (left as it is; ``key``: its converted directory's name, which
     must be the recipe's). ``calibration``: SmoothQuant's text (default: the search's corpus lines, tokenized
-    by ``tokenizer``, as many as the recipe's ``calibration``). Run it at the plan's threads."""
+    by ``tokenizer``, as many as the recipe's ``calibration``). Run it at the plan's threads; an ``ort-*`` plan
+    returns its engine, its ONNX Runtime sessions at ``threads`` (the server's ``--threads``; default the plan's)."""
     want = plan.model.get("key")
     if want != key:
         raise LatencyLabError(
@@ -260,7 +262,7 @@ def rebuild(
         )
     params = plan.params
     if params.get("runtime") == "ort":
-        return ort_engine(model, params, plan.threads)
+        return ort_engine(model, params, threads or plan.threads)
     weights, dtype = str(params.get("weights", "fp32")), str(params.get("dtype", "fp32"))
     if weights != "fp32":
         from latencylab.gen.quant import quantize

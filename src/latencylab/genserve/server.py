@@ -131,7 +131,7 @@ def build_service(cfg: GenServeConfig, lm: Any = None, warmup: bool = True) -> G
         raise LatencyLabError(PREFILL_WITH_FROM)
     engines = {top_name: lm.model}
     if plan is not None:
-        engines[top_name] = rebuild(plan, lm.model, lm.path.name, tokenizer=lm.tokenizer)
+        engines[top_name] = rebuild(plan, lm.model, lm.path.name, tokenizer=lm.tokenizer, threads=cfg.threads)
     if "int8" in cfg.ladder:
         from latencylab.genserve.int8 import quantize_int8
 
