@@ -300,25 +300,12 @@ def ort_engine(model: Any, params: Mapping[str, Any], threads: int, spec_max_bat
     import tempfile
     from pathlib import Path
 
-    from latencylab.gen.ort_decode import OrtLM, build_ort_lm
-    from latencylab.gen.ort_llama import quantize_matmuls
     from latencylab.genserve.ort_engine import OrtEngine
+    from latencylab.optimize.gen_ort import ort_graphs
 
-    bits = int(params.get("bits", 0))
-    quant = None
-    if bits:
-        quant = {
-            "bits": bits,
-            "block": int(params.get("block", 32)),
-            "accuracy_level": int(params.get("accuracy_level", 4)),
-        }
     work = Path(tempfile.mkdtemp(prefix="latencylab-serve-ort-"))
     atexit.register(shutil.rmtree, work, True)
-    lm = build_ort_lm(model, work, threads, quant)
-    draft: Any = None
-    if params.get("draft") == "ort-int8":
-        quantize_matmuls(lm.gen_path, work / "draft-q8b32.onnx", bits=8, block=32, accuracy_level=4)
-        draft = OrtLM(work / "draft-q8b32.onnx", None, threads, lm.layers, lm.kv_heads, lm.head_dim)
-    elif params.get("draft") == "lookup":
+    lm, draft = ort_graphs(model, params, threads, work)
+    if params.get("draft") == "lookup":
         draft = "lookup"
     return OrtEngine(lm, draft, int(params.get("k", 4)), spec_max_batch)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from latencylab.optimize.gen_candidates import GenContext, GenRun
 
-__all__ = ["OrtGenRunner", "build_ort", "ort_skip"]
+__all__ = ["OrtGenRunner", "build_ort", "ort_graphs", "ort_skip"]
 
 
 def ort_skip(model: Any) -> str | None:
@@ -71,43 +71,50 @@ class OrtGenRunner:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def build_ort(ctx: GenContext, params: Mapping[str, Any]) -> OrtGenRunner:
-    from latencylab.errors import LatencyLabError
-    from latencylab.gen.ort_decode import build_ort_lm
-    from latencylab.timing import now_ns
-
-    threads = int(params.get("threads", ctx.threads))
+def _quant(params: Mapping[str, Any]) -> dict[str, int] | None:
     bits = int(params.get("bits", 0))
-    quant = None
-    if bits:
-        quant = {
-            "bits": bits,
-            "block": int(params.get("block", 32)),
-            "accuracy_level": int(params.get("accuracy_level", 4)),
-        }
-    work = Path(tempfile.mkdtemp(prefix="latencylab-ort-"))
-    t0 = now_ns(ctx.clock)
-    draft, k = params.get("draft"), int(params.get("k", 4))
+    if not bits:
+        return None
+    return {"bits": bits, "block": int(params.get("block", 32)), "accuracy_level": int(params.get("accuracy_level", 4))}
+
+
+def ort_graphs(model: Any, params: Mapping[str, Any], threads: int, work: Path) -> tuple[Any, Any]:
+    """Export under ``work`` the graph ``params`` names (FP32, or MatMulNBits with ``bits``) and, with ``"draft":
+    "ort-int8"``, its blockwise-INT8 copy (``ort-int8-block32``) as the draft: (target ``OrtLM``, draft or None).
+    The search's builder and ``serve --from`` both build through here."""
+    from latencylab.errors import LatencyLabError
+    from latencylab.gen.ort_decode import OrtLM, build_ort_lm
+    from latencylab.gen.ort_llama import quantize_matmuls
+
+    quant, draft = _quant(params), params.get("draft")
     if draft not in (None, "lookup", "ort-int8"):
         raise LatencyLabError(f"ort runtime: draft {draft!r} not supported (known: lookup, ort-int8)")
     if draft == "ort-int8" and quant:
         raise LatencyLabError("ort runtime: an INT8 draft verifies an FP32 target (bits 0)")
-    try:
-        lm = build_ort_lm(ctx.model, work, threads, quant)
-        dlm = None
-        if draft == "ort-int8":  # the target's generation graph with blockwise INT8 MatMuls (ort-int8-block32)
-            from latencylab.gen.ort_decode import OrtLM
-            from latencylab.gen.ort_llama import quantize_matmuls
+    lm = build_ort_lm(model, work, threads, quant)
+    if draft != "ort-int8":
+        return lm, None
+    q = work / "draft-q8b32.onnx"
+    quantize_matmuls(lm.gen_path, q, bits=8, block=32, accuracy_level=4)
+    return lm, OrtLM(q, None, threads, lm.layers, lm.kv_heads, lm.head_dim)
 
-            q = work / "draft-q8b32.onnx"
-            quantize_matmuls(lm.gen_path, q, bits=8, block=32, accuracy_level=4)
-            dlm = OrtLM(q, None, threads, lm.layers, lm.kv_heads, lm.head_dim)
+
+def build_ort(ctx: GenContext, params: Mapping[str, Any]) -> OrtGenRunner:
+    from latencylab.timing import now_ns
+
+    threads = int(params.get("threads", ctx.threads))
+    work = Path(tempfile.mkdtemp(prefix="latencylab-ort-"))
+    t0 = now_ns(ctx.clock)
+    try:
+        lm, dlm = ort_graphs(ctx.model, params, threads, work)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    runner = OrtGenRunner(lm, work, ctx.clock, threads, k if draft == "lookup" else 0, dlm, k)
+    k = int(params.get("k", 4))
+    runner = OrtGenRunner(lm, work, ctx.clock, threads, k if params.get("draft") == "lookup" else 0, dlm, k)
     size = sum(p.stat().st_size for p in work.glob("gen-*.onnx"))
     runner.stats = {"export_s": (now_ns(ctx.clock) - t0) / 1e9, "graph_mb": round(size / 2**20, 1)}
+    quant = _quant(params)
     if quant:
         runner.stats["matmul_nbits"] = quant
     return runner
