@@ -54,6 +54,19 @@ def test_search_finds_the_md1_capacity_of_a_single_worker_reference_server() -> 
         assert cap.capacity_rate is None or cap.capacity_rate <= 1.1 * truth, (cap.capacity_rate, cap.reason)
         pytest.skip(f"the generator fell behind (a busy machine): {cap.reason}")
     assert cap.capacity_rate is not None, cap.reason
-    assert 0.7 * truth <= cap.capacity_rate <= 1.1 * truth, (cap.capacity_rate, truth, cap.reason)
+    # The noise first: the server's real cost a request. At 80/s (40% busy) a request finds the server idle with
+    # probability 0.6, so the first step's median latency is its whole cost (5 ms of service + HTTP and Python).
+    # On a slowed host (this VM's speed moves by +/-37%) that cost grows and the true capacity with it falls: a CI
+    # run measured 80/s passing and 90/s failing against the nominal 125/s. The lower bound is judged against the
+    # truth of the measured cost; a host where a request costs over twice the nominal 5 ms is skipped, with why.
+    first = cap.steps[0]
+    assert first["offered_rate"] == cfg.start_rate, cap.steps
+    cost_s = (first.get("p50_ms") or 0.0) / 1e3
+    if cost_s > 0.010:
+        pytest.skip(f"a request costs {cost_s * 1e3:.1f} ms at 40% load (5 ms nominal): the host is too slow now")
+    measured_truth = md1_truth(max(cost_s, 0.005), 0.030)
+    assert 0.7 * measured_truth <= cap.capacity_rate <= 1.1 * truth, (
+        cap.capacity_rate, truth, measured_truth, cost_s, cap.reason,
+    )  # fmt: skip
     assert any(s["verdict"] == "fail" for s in cap.steps) and any(s["passed"] for s in cap.steps)
     assert all(s["measured_s"] <= s["chunks"] * (cfg.chunk_s - cfg.warmup_s) + 1e-9 for s in cap.steps)
