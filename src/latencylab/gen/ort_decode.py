@@ -55,16 +55,18 @@ class KVCache:
     ``share`` gives a second cache over the same buffers (a draft model drafting after the target's positions:
     whatever it writes there, the target's next verify overwrites)."""
 
-    def __init__(self, k: list[Any], v: list[Any], length: int = 0) -> None:
+    def __init__(self, k: list[Any], v: list[Any], length: int = 0, io: dict[int, Any] | None = None) -> None:
         self.k, self.v, self.length = k, v, length
-        self._io: dict[int, Any] = {}  # IOBindings per session, with the buffers bound
+        # IOBindings per session with these buffers bound: shared by every share() of the same buffers, so a
+        # draft step does not bind the 2 x layers buffers again after each verify
+        self._io: dict[int, Any] = {} if io is None else io
 
     @property
     def capacity(self) -> int:
         return int(self.k[0].shape()[2])
 
     def share(self) -> KVCache:
-        return KVCache(self.k, self.v, self.length)
+        return KVCache(self.k, self.v, self.length, self._io)
 
     def grow(self, capacity: int) -> None:
         """New buffers of ``capacity`` positions holding this cache's ``length`` (the old ones stay with any share)."""
@@ -78,7 +80,7 @@ class KVCache:
             return ort.OrtValue.ortvalue_from_numpy(new)
 
         self.k, self.v = [bigger(x) for x in self.k], [bigger(x) for x in self.v]
-        self._io.clear()
+        self._io = {}  # new buffers, new bindings (a share of the old buffers keeps the old ones)
 
 
 class OrtLM:
