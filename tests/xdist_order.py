@@ -25,6 +25,7 @@ TABLE = Path(__file__).with_name("durations.json")
 GROUPS = {
     "tests/test_scaleout_ray.py": "tests/test_scaleout_*.py (local Ray clusters, one at a time)",
     "tests/test_scaleout_serve.py": "tests/test_scaleout_*.py (local Ray clusters, one at a time)",
+    "tests/test_scaleout_optimize.py": "tests/test_scaleout_*.py (local Ray clusters, one at a time)",
 }
 
 

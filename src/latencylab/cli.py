@@ -225,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     op.add_argument("--quiet", action="store_true")
+    from latencylab.cliargs import add_optimize_ray_arguments
+
+    add_optimize_ray_arguments(op)
 
     from latencylab.optimize.experiments.frontend import add_arguments as add_experiment_arguments
 

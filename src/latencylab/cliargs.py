@@ -97,6 +97,19 @@ def add_otlp_argument(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_optimize_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """``optimize --ray [ADDRESS] --workers N``: the builds and fidelity runs on Ray (latencylab.scaleout)."""
+    parser.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="build and check the candidates on Ray workers (pip install 'latencylab[ray]'); latency is still "
+        "measured here, on this node: ADDRESS of a running cluster, or none for RAY_ADDRESS / a local Ray instance",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workers", type=positive_int, default=None,
+        help="with --ray: N build workers (--threads Ray CPUs each, spread over the nodes; default 2)",
+    )  # fmt: skip
+
+
 def add_serve_ray_arguments(parser: argparse.ArgumentParser) -> None:
     """``serve --ray [ADDRESS] --replicas N``: the model service in N Ray Serve replicas (latencylab.scaleout)."""
     parser.add_argument(

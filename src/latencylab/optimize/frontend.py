@@ -81,6 +81,12 @@ def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
         check_writable(args.json, "--json", is_dir=False)
     from latencylab.optimize.gen_lab import is_gen_recipe, run_gen_command
 
+    ray, workers = getattr(args, "ray", None), getattr(args, "workers", None)
+    if workers is not None and ray is None:
+        raise LatencyLabError("--workers needs --ray [ADDRESS]")
+    if ray is not None and (args.recipe or args.workload == "gen"):
+        raise LatencyLabError("--ray distributes the text, vision and --model searches' builds; not --recipe or gen")
+
     if (args.recipe and is_gen_recipe(args.recipe)) or (not args.recipe and args.workload == "gen"):
         if args.recipe and args.out:
             raise LatencyLabError("--out does not apply with --recipe (it re-measures the recipe's variant)")
@@ -135,6 +141,8 @@ def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
                 batch_size=args.batch_size,
                 only=tuple(x.strip() for x in (args.only or "").split(",") if x.strip()),
                 tune_time_s=max(0.0, float(getattr(args, "tune_time", 0.0) or 0.0)),
+                ray=ray,
+                workers=workers or 2,
             )
             if cfg.threads < 1:
                 raise LatencyLabError("--threads must be >= 1")

@@ -66,6 +66,8 @@ class LabConfig:
     pipeline: str | None = None  # workload "pipeline": package.module:function returning a ModelAdapter
     params: tuple[str, ...] = ()  # workload "onnx": key=value workload params (dim.<name>=N, ...)
     tune_time_s: float = 0.0  # --tune-time: TVM MetaSchedule tuning seconds (0: off; families/tvm_tune.py)
+    ray: str | None = None  # --ray [ADDRESS]: builds and fidelity runs on Ray workers (scaleout/optimize_ray.py)
+    workers: int = 2  # --workers with --ray: build actors (--threads Ray CPUs each)
 
 
 def _candidates(ctx: BuildContext, families: Sequence[str]) -> list[Candidate]:
@@ -130,6 +132,23 @@ def _order(cands: list[Candidate], only: Sequence[str]) -> list[Candidate]:
     twins = [c for p in sorted(policies) for c in cands if c.name == twin_name(base.name, p)]
     rest = sorted((c for c in rest if c not in twins), key=_priority)
     return [base, *twins, *rest]
+
+
+def lab_candidates(ctx: BuildContext, cfg: LabConfig) -> list[Candidate]:
+    """The search's candidates for ``cfg`` in search order (the baseline first): the families that apply to
+    the model (an ONNX file has nothing for the torch family), ``cfg.only`` kept."""
+    families = cfg.families
+    if not getattr(ctx.adapter, "has_torch", True):  # e.g. an ONNX file: nothing for the torch family to transform
+        families = tuple(f for f in families if f != "torch") or ("onnxruntime",)
+    return _order(_candidates(ctx, families), cfg.only)
+
+
+def prepare_context(ctx: BuildContext, cfg: LabConfig, budget: Budget) -> None:
+    """What every process that builds candidates sets before the first build: the budget (OpenVINO's accuracy
+    control reads it), TVM's tuning time, the torch threads."""
+    ctx.cache["budget"] = budget.text
+    ctx.cache["tune_time_s"] = cfg.tune_time_s
+    _set_threads(cfg.threads)
 
 
 def make_context(cfg: LabConfig, workdir: Path) -> BuildContext:
@@ -201,18 +220,22 @@ def _run_lab(
             notice(line)
     budget = budget or Budget.parse(default_budget(ctx.adapter))
     budget.check_applies(ctx.adapter.labels() is not None, f"{ctx.adapter.name} ({described.get('model')})")
-    ctx.cache["budget"] = budget.text  # candidates that aim at the budget (OpenVINO's accuracy control) read it
-    ctx.cache["tune_time_s"] = cfg.tune_time_s  # TVM's tuned candidate (off at 0)
-    _set_threads(cfg.threads)
-    families = cfg.families
-    if not getattr(ctx.adapter, "has_torch", True):  # e.g. an ONNX file: nothing for the torch family to transform
-        families = tuple(f for f in families if f != "torch") or ("onnxruntime",)
-    cands = _order(_candidates(ctx, families), cfg.only)
+    prepare_context(ctx, cfg, budget)
+    cands = lab_candidates(ctx, cfg)
     keep = [c.name for c in cands[1:] if c.name.startswith(cands[0].name + "-")]  # the baseline's twins
-    res = search(
-        ctx, cands, budget, cfg.rounds, cfg.per_round, time_budget_s=cfg.time_budget_s, progress=progress, keep=keep
-    )
+    distributed = None
+    if cfg.ray is not None:
+        from latencylab.scaleout.optimize_ray import search_on_ray  # imports ray only here
+
+        res, distributed = search_on_ray(ctx, cfg, cands, budget, keep=keep, progress=progress)
+    else:
+        res = search(
+            ctx, cands, budget, cfg.rounds, cfg.per_round, time_budget_s=cfg.time_budget_s, progress=progress,
+            keep=keep,
+        )  # fmt: skip
     doc = result_dict(cfg, ctx, res, env)
+    if distributed is not None:
+        doc["summary"]["distributed"] = distributed
     if out_dir is None:
         return doc
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -152,8 +152,11 @@ def result_dict(cfg: LabConfig, ctx: BuildContext, res: SearchResult, env: dict[
     base_p50 = base.to_dict().get("p50_ms")
     base_sets = {m.name: p for m in base.sets if (p := m.p50_ns())}
     model = ctx.adapter.describe()
+    summary = summary_of(res, model, cfg.threads)
+    if res.build_phase_s is not None:
+        summary["phases"] = {"build_s": res.build_phase_s, "timing_s": res.wall_s - res.build_phase_s}
     return OptimizeResult.build(
-        summary=summary_of(res, model, cfg.threads),
+        summary=summary,
         config=config_dict(cfg),
         model=model,
         wall_s=res.wall_s,

@@ -282,6 +282,7 @@ class SearchResult:
     pareto: tuple[str, ...]
     wall_s: float
     sets: tuple[str, ...] = ("heldout",)  # the held-out input sets, the primary first
+    build_phase_s: float | None = None  # start -> the first timing round: builds and fidelity runs (+ opening)
 
     def by_name(self, name: str) -> CandidateResult:
         for c in self.candidates:
@@ -365,6 +366,67 @@ def _significantly_faster(cand: SetMeasure, base: SetMeasure) -> bool:
     return a is not None and b is not None and a.at(0.5).ci_high < b.at(0.5).ci_low
 
 
+def result_of(cand: Candidate, status: str, reason: str, **kw: Any) -> CandidateResult:
+    """A candidate's result with its recipe fields, ``status`` and ``reason`` (and any measured fields)."""
+    return CandidateResult(
+        cand.name, cand.family, cand.backend, dict(cand.params), cand.description, status, reason,
+        input_policy=cand.input_policy, **kw,
+    )  # fmt: skip
+
+
+def failed_build(cand: Candidate, exc: BaseException) -> CandidateResult:
+    """A build (or its held-out run) that raised: reported with the first line of the error."""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return result_of(cand, "failed", f"build failed: {type(exc).__name__}: {msg}"[:300])
+
+
+Ran = dict[str, tuple[np.ndarray, tuple[int, ...], float | None]]  # set -> (outputs, seq lens, tokens per call)
+
+
+def run_sets(runner: Runner, sets: Mapping[str, Sequence[Feed]]) -> Ran:
+    """The runner on every held-out input set: outputs, sequence lengths it ran, tokens per call."""
+    return {name: _run_set(runner, feeds) for name, feeds in sets.items()}
+
+
+def judge(
+    cand: Candidate,
+    is_baseline: bool,
+    ran: Ran,
+    build_s: float,
+    run_stats: dict[str, Any],
+    reference: Mapping[str, np.ndarray],
+    budget: Budget,
+    labels: np.ndarray | None,
+) -> CandidateResult:
+    """Fidelity of ``ran`` against ``reference`` on every set and the status it gives (the baseline's is
+    "baseline"); a set whose outputs cannot be compared makes the candidate "failed"."""
+    sets = list(ran)
+    primary = sets[0]
+    run_stats = dict(run_stats)
+    _, seq_lens, per_call = ran[primary]
+    if per_call is not None:
+        run_stats["tokens_per_call"] = per_call
+        run_stats["seq_lens"] = list(seq_lens)
+    try:
+        fids = {
+            name: fidelity(reference[name], outs, labels if name == primary else None)
+            for name, (outs, _, _) in ran.items()
+        }
+    except LatencyLabError as exc:
+        return result_of(cand, "failed", str(exc))
+    measures = tuple(SetMeasure(name, fids[name], (), ran[name][1], ran[name][2]) for name in sets)
+    if is_baseline:
+        status, why = "baseline", "reference"
+    else:
+        status, why = "inside-budget", "inside budget"
+        for name in sets:
+            ok, why_set = budget.check(fids[name])
+            if not ok:
+                status, why = "outside-budget", why_set if len(sets) == 1 else f"{name}: {why_set}"
+                break
+    return result_of(cand, status, why, fidelity=fids[primary], build_s=build_s, stats=run_stats, sets=measures)
+
+
 def search(
     ctx: BuildContext,
     candidates: Sequence[Candidate],
@@ -389,14 +451,8 @@ def search(
         raise LatencyLabError("no candidates to search")
     clk = clock or PerfCounterClock()
     t_start = now_ns(clk)
-    adapter = ctx.adapter
-    try:
-        sets = ctx.input_sets()
-    except ValueError as exc:
-        raise LatencyLabError(str(exc)) from None
-    primary = next(iter(sets))
-    labels = adapter.labels()
-    kind = adapter.output_kind
+    sets = held_out_sets(ctx)
+    labels = ctx.adapter.labels()
     total = len(candidates) + 1
     results: dict[str, CandidateResult] = {}
     runners: dict[str, Runner] = {}
@@ -408,63 +464,68 @@ def search(
     for i, cand in enumerate(candidates):
         if progress is not None:
             progress(f"building {cand.name}", i, total)
-
-        def mk(status: str, reason: str, cand: Candidate = cand, **kw: Any) -> CandidateResult:
-            return CandidateResult(
-                cand.name, cand.family, cand.backend, dict(cand.params), cand.description, status, reason,
-                input_policy=cand.input_policy, **kw,
-            )  # fmt: skip
-
         why = cand.skip_reason(ctx)  # first: a candidate that cannot run here says why, not "time cap"
         if why:
             if i == 0:
                 raise LatencyLabError(f"the baseline {cand.name} cannot run here: {why}")
-            results[cand.name] = mk("skipped", why)
+            results[cand.name] = result_of(cand, "skipped", why)
             continue
         if i > 0 and cand.name not in keep and over_time():
-            results[cand.name] = mk("skipped", TIME_CAP_REASON)
+            results[cand.name] = result_of(cand, "skipped", TIME_CAP_REASON)
             continue
         t0 = now_ns(clk)
         try:
             runner = cand.build(ctx)
-            ran = {name: _run_set(runner, feeds) for name, feeds in sets.items()}
+            ran = run_sets(runner, sets)
         except Exception as exc:  # a failed variant is reported, the search goes on
             if i == 0:
                 raise LatencyLabError(f"the baseline {cand.name} failed: {type(exc).__name__}: {exc}") from exc
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            results[cand.name] = mk("failed", f"build failed: {type(exc).__name__}: {msg}"[:300])
+            results[cand.name] = failed_build(cand, exc)
             continue
         build_s = (now_ns(clk) - t0) / 1e9
-        run_stats = dict(getattr(runner, "stats", {}) or {})
-        _, seq_lens, per_call = ran[primary]
-        if per_call is not None:
-            run_stats["tokens_per_call"] = per_call
-            run_stats["seq_lens"] = list(seq_lens)
         if i == 0:
             reference = {name: outs for name, (outs, _, _) in ran.items()}
-        try:
-            fids = {
-                name: fidelity(reference[name], outs, labels if name == primary else None)
-                for name, (outs, _, _) in ran.items()
-            }
-        except LatencyLabError as exc:
-            results[cand.name] = mk("failed", str(exc))
-            continue
-        measures = tuple(SetMeasure(name, fids[name], (), ran[name][1], ran[name][2]) for name in sets)
-        if i == 0:
-            status, why = "baseline", "reference"
+        stats = dict(getattr(runner, "stats", {}) or {})
+        results[cand.name] = judge(cand, i == 0, ran, build_s, stats, reference, budget, labels)
+        if results[cand.name].status == "failed":
+            with contextlib.suppress(Exception):
+                runner.close()
         else:
-            status, why = "inside-budget", "inside budget"
-            for name in sets:
-                ok, why_set = budget.check(fids[name])
-                if not ok:
-                    status, why = "outside-budget", why_set if len(sets) == 1 else f"{name}: {why_set}"
-                    break
-        results[cand.name] = mk(status, why, fidelity=fids[primary], build_s=build_s, stats=run_stats, sets=measures)
-        runners[cand.name] = runner
+            runners[cand.name] = runner
+    return finish(ctx, candidates, budget, results, runners, rounds, per_round, short_rounds, progress, clk, t_start)
 
+
+def held_out_sets(ctx: BuildContext) -> dict[str, list[Feed]]:
+    """``ctx.input_sets()``, an adapter's refusal as a one-line error."""
+    try:
+        return ctx.input_sets()
+    except ValueError as exc:
+        raise LatencyLabError(str(exc)) from None
+
+
+def finish(
+    ctx: BuildContext,
+    candidates: Sequence[Candidate],
+    budget: Budget,
+    results: dict[str, CandidateResult],
+    runners: dict[str, Runner],
+    rounds: int,
+    per_round: int,
+    short_rounds: int,
+    progress: ProgressFn | None,
+    clk: Clock,
+    t_start: int,
+) -> SearchResult:
+    """The latency phase and the choice: interleaved rounds over ``runners`` (every built candidate; the
+    long plan for the baseline and those inside the budget), then the Pareto front and the verdict. Closes
+    every runner."""
+    sets = held_out_sets(ctx)
+    primary = next(iter(sets))
+    kind = ctx.adapter.output_kind
+    total = len(candidates) + 1
     if progress is not None:
         progress("timing (interleaved)", len(candidates), total)
+    build_phase_s = (now_ns(clk) - t_start) / 1e9
     plan = {n: (rounds if results[n].status in ("baseline", "inside-budget") else short_rounds) for n in runners}
     samples = _measure_interleaved(runners, sets, plan, per_round, clk)
     for n, runner in runners.items():
@@ -512,4 +573,5 @@ def search(
         pareto=pareto_front(points),
         wall_s=(now_ns(clk) - t_start) / 1e9,
         sets=tuple(sets),
+        build_phase_s=build_phase_s,
     )

@@ -1,0 +1,102 @@
+"""``optimize --ray`` on a local 2-node Ray cluster started here (slow tier; run with the other local-cluster
+modules, one at a time: tests/xdist_order.py): the builds run on both nodes, the figures that do not depend
+on time (statuses, fidelity) equal a one-process search's, every candidate is opened and timed here, a build
+worker killed mid-build fails its candidate with the reason and the search goes on, and the CLI runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from latencylab.cli import main
+from latencylab.optimize.lab import LabConfig, lab_candidates, make_context, prepare_context, run_lab
+from latencylab.optimize.search import Budget
+from latencylab.scaleout.optimize_ray import BuildCluster, search_on_ray
+
+pytestmark = pytest.mark.slow
+ONLY = ("ort-fp32", "ort-int8-dynamic-perchannel", "ort-int8-static-minmax", "torch-int8-dynamic")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    c.add_node(num_cpus=1)
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        yield c.address
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _fidelity(doc: dict) -> dict:  # type: ignore[type-arg]
+    return {c["name"]: (c["status"], c["fidelity"], {k: v["fidelity"] for k, v in c["sets"].items()})
+            for c in doc["candidates"]}  # fmt: skip
+
+
+def test_builds_spread_over_both_nodes_and_agree_with_one_process(cluster: str, tmp_path: Path) -> None:
+    one = run_lab(LabConfig(workload="vision", only=ONLY, rounds=2, time_budget_s=None), workdir=tmp_path / "one")
+    cfg = LabConfig(workload="vision", only=ONLY, rounds=2, time_budget_s=None, ray="", workers=2)
+    doc = run_lab(cfg, tmp_path / "out", workdir=tmp_path / "two")
+    assert _fidelity(doc) == _fidelity(one)  # the same variants, the same outputs, wherever they were built
+    d = doc["summary"]["distributed"]
+    assert len({b["node_id"] for b in d["builders"]}) == 2  # one worker on each node
+    per = d["candidates"]
+    assert set(per) == {"torch-fp32", *ONLY}
+    assert {p["node_id"] for p in per.values()} == {b["node_id"] for b in d["builders"]}  # both did builds
+    assert d["timing_node"]["node_id"] in {b["node_id"] for b in d["builders"]}  # the head: this process's node
+    for name in ONLY[1:3]:  # the quantised graphs came back as files and were opened here, not rebuilt
+        assert per[name]["shipped_bytes"] > 0 and per[name]["fidelity_on"] == "builder"
+        assert per[name]["check_max_rel"] <= 1e-4
+    timed = {c["name"]: c["n"] for c in doc["candidates"]}
+    assert all(n > 0 for n in timed.values()), timed  # every built candidate timed here, in the rounds
+    assert d["build_phase_s"] > 0 and d["builds_sum_s"] > 0
+    if doc["summary"]["chosen"] is not None:  # the export reads the shipped file under the driver's work dir
+        assert Path(doc["artifact"]).exists() and json.loads(Path(doc["recipe"]).read_text())["candidate"]
+
+
+def test_a_build_worker_killed_mid_build_fails_its_candidate_and_the_search_goes_on(
+    cluster: str, tmp_path: Path
+) -> None:
+    # torch-compile's build compiles at its first run (seconds): worker 1 is still building it when the
+    # baseline's report comes back from worker 0; then its process is killed (SIGKILL: a crash)
+    cfg = LabConfig(workload="vision", only=("torch-compile",), rounds=2, time_budget_s=None, ray="", workers=2)
+    budget = Budget.parse("accuracy_drop<=1%")
+    ctx = make_context(cfg, tmp_path / "work")
+    prepare_context(ctx, cfg, budget)
+    cands = lab_candidates(ctx, cfg)
+    cl = BuildCluster(2)
+    killed: list[int] = []
+
+    def progress(msg: str, step: int, total: int) -> None:
+        if msg.startswith("built torch-fp32") and not killed:
+            victim = next(w for w in cl.where if w["worker"] != int(msg.rsplit(" ", 1)[1]))
+            os.kill(int(victim["pid"]), signal.SIGKILL)
+            killed.append(int(victim["pid"]))
+
+    res, dist = search_on_ray(ctx, cfg, cands, budget, progress=progress, cluster=cl)
+    assert killed
+    r = res.by_name("torch-compile")
+    assert r.status == "failed" and "died" in r.reason, r.reason
+    assert res.by_name("torch-fp32").status == "baseline" and len(res.by_name("torch-fp32").samples_ns) > 0
+    assert res.chosen is None and set(dist["candidates"]) == {"torch-fp32"}
+
+
+def test_cli_runs_the_search_on_ray(cluster: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    argv = ["optimize", "--workload", "vision", "--only", "ort-fp32", "--rounds", "2", "--quiet", "--json", str(out),
+            "--ray", cluster, "--workers", "2"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert doc["config"]["ray"] == cluster and doc["summary"]["distributed"]["workers"] == 2
+    assert {c["name"]: c["status"] for c in doc["candidates"]}["ort-fp32"] in ("inside-budget", "outside-budget")
