@@ -7,7 +7,12 @@ candidate; latency must be measured on one machine, in interleaved rounds. So:
    result's ``env`` is) makes the FP32 ONNX export once and sends its work directory's files to N
    :class:`Builder` actors (``--threads`` Ray CPUs each, spread over the nodes). Each builder opens the same
    workload (:func:`latencylab.optimize.lab.make_context`) and the same candidate list.
-2. The driver hands candidates out in the search's order (the baseline first), one to each idle builder.
+2. Only candidates whose build leaves a file that opens without building again go to the builders: the ONNX
+   Runtime family (:data:`SHIPPED_BACKENDS`). The others (the torch family: a module in memory; torch.compile,
+   whose compilation happens at the first calls and must happen where it is timed; OpenVINO and TVM, not yet
+   made shippable) are built and run on their held-out sets in the driver, in a thread, while the builders
+   work: each is built once, where it is timed, as in one process.
+   The driver hands the shipped candidates out in the search's order, one to each idle builder.
    A builder builds it, runs every held-out set (the outputs the fidelity check needs), and sends back the
    outputs, its build time and the files the build added to its work directory (the ORT family's quantised
    and fused graphs, sensitivity rankings: content-addressed by what they were made from). The driver keeps
@@ -35,6 +40,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -64,6 +70,48 @@ from latencylab.timing import now_ns
 INSTALL_HINT = "distributed builds need Ray: pip install 'latencylab[ray]'"
 CHECK_TOL = 1e-4  # max |difference| / max(1, max |output|) between the builder's and the timing node's outputs
 FP32_NAME = "fp32.onnx"
+# Backends whose build writes a content-addressed file under the work directory that ``build`` opens again
+# without redoing the work (the ONNX Runtime family's graphs and sensitivity rankings).
+SHIPPED_BACKENDS = frozenset({"onnxruntime"})
+
+
+@dataclass
+class LocalBuilds:
+    """The candidates built in the driver (not shippable): runner, outputs, build time, stats or the error."""
+
+    built: dict[str, tuple[Runner, Ran, float, dict[str, Any]]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # cut by the time cap
+    span_s: float = 0.0
+
+
+def _build_local(
+    ctx: BuildContext,
+    cands: list[Candidate],
+    sets: dict[str, list[Feed]],
+    exempt: set[str],
+    over_time: Any,
+    out: LocalBuilds,
+    progress: ProgressFn | None,
+) -> None:
+    """Build and run each candidate here, in order (a thread of the driver while the builders work)."""
+    t0 = time.perf_counter()
+    for cand in cands:
+        if cand.name not in exempt and over_time():
+            out.skipped.append(cand.name)
+            continue
+        if progress is not None:
+            progress(f"building {cand.name} here", len(out.built), len(cands))
+        t = time.perf_counter_ns()
+        try:
+            runner = cand.build(ctx)
+            ran = run_sets(runner, sets)
+        except Exception as exc:  # reported as the search reports a failed build
+            out.errors[cand.name] = failed_build(cand, exc).reason
+            continue
+        stats = dict(getattr(runner, "stats", {}) or {})
+        out.built[cand.name] = (runner, ran, (time.perf_counter_ns() - t) / 1e9, stats)
+    out.span_s = time.perf_counter() - t0
 
 
 def _ray() -> Any:
@@ -232,6 +280,9 @@ class BuildCluster:
     _started_ray: bool = False
 
     def open(self, cfg: Any, budget: str, files: dict[str, bytes]) -> None:
+        """Start the workers (nothing when they are started already)."""
+        if self.actors:
+            return
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=self.address or None, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
@@ -310,32 +361,58 @@ def search_on_ray(
             results[cand.name] = result_of(cand, "skipped", why)
         else:
             todo.append(cand)
-    if any(c.backend != "torch" and not c.backend.startswith("torch") for c in todo):
+    baseline = candidates[0].name
+    exempt = {baseline, *keep}
+    shipped = [c for c in todo if c.backend in SHIPPED_BACKENDS]
+    here = [c for c in todo if c.backend not in SHIPPED_BACKENDS]
+
+    def over_time() -> bool:
+        return cfg.time_budget_s is not None and (now_ns(clk) - t_start) / 1e9 > cfg.time_budget_s
+
+    if shipped:
         with contextlib.suppress(Exception):  # a model that cannot export: its ONNX candidates fail as they would
             ctx.fp32_onnx()
-    shipped_in = added_files(ctx.workdir, {})
+    local = LocalBuilds()
+    worker = threading.Thread(
+        target=_build_local, args=(ctx, here, sets, exempt, over_time, local, progress), daemon=True
+    )
     cl = cluster or BuildCluster(int(cfg.workers), cfg.ray or None, cpus=float(cfg.threads))
-    if progress is not None:
-        progress(f"starting {cl.workers} build workers on Ray", 0, total)
-    t_up = time.perf_counter()
-    cl.open(cfg, budget.text, shipped_in)
-    startup_s = time.perf_counter() - t_up
+    startup_s = build_phase_s = 0.0
+    reports: dict[str, BuildReport] = {}
+    t_builds = time.perf_counter()
+    worker.start()
     try:
-        reports, build_phase_s = _build_all(ctx, cl, todo, keep, cfg.time_budget_s, t_start, clk, results, progress)
+        if shipped:
+            if progress is not None:
+                progress(f"starting {cl.workers} build workers on Ray", 0, total)
+            t_up = time.perf_counter()
+            cl.open(cfg, budget.text, added_files(ctx.workdir, {}))
+            startup_s = time.perf_counter() - t_up
+            try:
+                reports, build_phase_s = _build_all(ctx, cl, shipped, exempt, over_time, results, progress)
+            finally:
+                cl.close()
     finally:
-        cl.close()
+        worker.join()
+    builds_s = time.perf_counter() - t_builds
+    for name in local.skipped:
+        results[name] = result_of(next(c for c in here if c.name == name), "skipped", TIME_CAP_REASON)
     t_open = now_ns(clk)
-    runners, opened = _open_here(ctx, candidates, todo, reports, results, digest, budget, labels, sets, progress)
+    runners, opened = _open_here(ctx, candidates, todo, reports, local, results, digest, budget, labels, sets,
+                                 progress)  # fmt: skip
     open_phase_s = (now_ns(clk) - t_open) / 1e9
     res = finish(ctx, candidates, budget, results, runners, cfg.rounds, cfg.per_round, 2, progress, clk, t_start)
     first = min((r.started_unix for r in reports.values()), default=0.0)
-    per = {}
+    per: dict[str, dict[str, Any]] = {}
     for name, rep in reports.items():
         per[name] = {
             "worker": rep.worker, "host": rep.host, "node_id": rep.node_id, "build_s": rep.build_s,
             "started_s": rep.started_unix - first, "ended_s": rep.ended_unix - first,
             "shipped_bytes": sum(len(b) for b in rep.files.values()), **opened.get(name, {}),
         }  # fmt: skip
+    for name, (_, _, build_s, _) in local.built.items():
+        per[name] = {"worker": None, "host": socket.gethostname(), "node_id": _node_id(), "build_s": build_s,
+                     "shipped_bytes": 0, **opened.get(name, {})}  # fmt: skip
     dist = {
         "workers": cl.workers,
         "address": cfg.ray or None,
@@ -343,7 +420,10 @@ def search_on_ray(
         "timing_node": {"host": socket.gethostname(), "node_id": _node_id(), "pid": os.getpid()},
         "startup_s": startup_s,  # the workers placed and their workload opened
         "build_phase_s": build_phase_s,  # the first hand-out -> the last report
-        "builds_sum_s": sum(r.build_s for r in reports.values()),
+        "local_phase_s": local.span_s,  # the driver's own builds (not shippable), beside the workers'
+        "builds_wall_s": builds_s,  # start-up, the workers' builds and the driver's, as they overlapped
+        "builds_sum_s": sum(p["build_s"] for p in per.values()),
+        "built_here": sorted(local.built),
         "open_phase_s": open_phase_s,
         "shipped_bytes": sum(p["shipped_bytes"] for p in per.values()),
         "candidates": per,
@@ -355,29 +435,25 @@ def _build_all(
     ctx: BuildContext,
     cl: BuildCluster,
     todo: list[Candidate],
-    keep: Sequence[str],
-    time_budget_s: float | None,
-    t_start: int,
-    clk: Any,
+    exempt: set[str],
+    over_time: Any,
     results: dict[str, CandidateResult],
     progress: ProgressFn | None,
 ) -> tuple[dict[str, BuildReport], float]:
     """Hand the candidates out, one per idle builder, in order; collect the reports and the files."""
     ray = _ray()
-    baseline = todo[0].name
     queue = list(todo)
     idle = list(range(len(cl.actors)))
     has: list[set[str]] = [set(snapshot(ctx.workdir)) for _ in cl.actors]
     store: dict[str, Any] = {}  # relative path -> object ref of the bytes
     in_flight: dict[Any, tuple[int, Candidate]] = {}
     reports: dict[str, BuildReport] = {}
-    total = len(todo) + len(results) + 1
+    lost: dict[str, list[str]] = {}  # candidate -> the deaths of the workers that had it
     t0 = time.perf_counter()
     while queue or in_flight:
         while idle and queue:
             cand = queue.pop(0)
-            over = time_budget_s is not None and (now_ns(clk) - t_start) / 1e9 > time_budget_s
-            if cand.name != baseline and cand.name not in keep and over:
+            if cand.name not in exempt and over_time():
                 results[cand.name] = result_of(cand, "skipped", TIME_CAP_REASON)
                 continue
             w = idle.pop(0)
@@ -390,10 +466,12 @@ def _build_all(
         w, cand = in_flight.pop(done[0])
         try:
             rep: BuildReport = ray.get(done[0])
-        except ray.exceptions.RayActorError as exc:  # the worker died: its candidate fails, the others go on
-            if cand.name == baseline:
-                raise LatencyLabError(f"the baseline's build worker died: {_last_line(exc)}") from None
-            results[cand.name] = result_of(cand, "failed", f"build worker {w} died: {_last_line(exc)}"[:300])
+        except ray.exceptions.RayActorError as exc:  # the worker died (its node, or the build crashed it)
+            lost.setdefault(cand.name, []).append(f"build worker {w} died: {_last_line(exc)}")
+            if len(lost[cand.name]) < 2 and (idle or in_flight):
+                queue.insert(0, cand)  # once more, on another worker; a second death is the candidate's
+            else:
+                results[cand.name] = result_of(cand, "failed", "; ".join(lost[cand.name])[:300])
             if not idle and not in_flight and queue:
                 raise LatencyLabError("every build worker died; the search cannot go on") from None
             continue
@@ -403,9 +481,11 @@ def _build_all(
                 store[rel] = ray.put(data)
         has[w] |= set(rep.files)
         write_missing(ctx.workdir, rep.files)
+        if cand.name in lost:
+            rep.stats["retried_after"] = lost[cand.name]
         reports[cand.name] = rep
         if progress is not None:
-            progress(f"built {cand.name} on worker {w}", len(reports) + len(results), total)
+            progress(f"built {cand.name} on worker {w}", len(reports), len(todo))
     return reports, time.perf_counter() - t0
 
 
@@ -419,6 +499,7 @@ def _open_here(
     candidates: Sequence[Candidate],
     todo: list[Candidate],
     reports: dict[str, BuildReport],
+    local: LocalBuilds,
     results: dict[str, CandidateResult],
     digest: str,
     budget: Budget,
@@ -426,49 +507,57 @@ def _open_here(
     sets: dict[str, list[Feed]],
     progress: ProgressFn | None,
 ) -> tuple[dict[str, Runner], dict[str, dict[str, Any]]]:
-    """Fidelity from the builders' outputs, every candidate opened on this (the timing) node and checked."""
+    """Fidelity against the baseline's outputs; every shipped candidate opened on this (the timing) node and
+    checked against its builder's outputs; the driver's own builds as they are."""
     baseline = candidates[0].name
-    base = reports[baseline]
-    if base.error is not None:
-        raise LatencyLabError(f"the baseline {baseline} failed: {base.error}")
+    if baseline in local.errors or (baseline in results and results[baseline].status == "failed"):
+        why = local.errors.get(baseline) or results[baseline].reason
+        raise LatencyLabError(f"the baseline {baseline} failed: {why}")
     for r in reports.values():
         if r.feeds_digest != digest:
             raise LatencyLabError(
                 f"build worker {r.worker} ({r.host}) ran other held-out inputs than this node: the workload "
                 "must be the same files and versions on every node"
             )
-    assert base.ran is not None
-    reference = {name: outs for name, (outs, _, _) in base.ran.items()}
     runners: dict[str, Runner] = {}
     opened: dict[str, dict[str, Any]] = {}
+    reference: dict[str, np.ndarray] = {}
     for cand in todo:
-        rep = reports.get(cand.name)
-        if rep is None:
-            continue  # cut by the time cap or its worker died: already in results
-        if rep.error is not None or rep.ran is None:
-            results[cand.name] = result_of(cand, "failed", rep.error or "build failed")
-            continue
         is_base = cand.name == baseline
-        if progress is not None:
-            progress(f"opening {cand.name} here", len(runners), len(candidates) + 1)
-        t0 = time.perf_counter()
-        try:
-            runner = cand.build(ctx)
-            gap = _check(runner, sets, rep.ran)
-        except Exception as exc:  # built there, not here: reported as a failed build, with where
-            why = failed_build(cand, exc).reason
-            results[cand.name] = result_of(cand, "failed", f"opening on the timing node: {why}")
+        if cand.name in local.errors:
+            results[cand.name] = result_of(cand, "failed", local.errors[cand.name])
             continue
-        info: dict[str, Any] = {"open_s": time.perf_counter() - t0, "check_max_rel": gap, "fidelity_on": "builder"}
-        ran = rep.ran
-        if not gap <= CHECK_TOL:  # another kernel there: the timed runner's own outputs decide
-            ran = run_sets(runner, sets)
-            info["fidelity_on"] = "timing node"
-            if is_base:
-                reference = {name: outs for name, (outs, _, _) in ran.items()}
-        stats = dict(rep.stats)
-        stats["built_on"] = {"worker": rep.worker, "host": rep.host}
-        results[cand.name] = judge(cand, is_base, ran, rep.build_s, stats, reference, budget, labels)
+        if cand.name in local.built:
+            runner, ran, build_s, stats = local.built[cand.name]
+            info: dict[str, Any] = {"open_s": 0.0, "fidelity_on": "timing node (built here)"}
+        else:
+            rep = reports.get(cand.name)
+            if rep is None:
+                continue  # cut by the time cap or its worker died: already in results
+            if rep.error is not None or rep.ran is None:
+                if is_base:
+                    raise LatencyLabError(f"the baseline {baseline} failed: {rep.error}")
+                results[cand.name] = result_of(cand, "failed", rep.error or "build failed")
+                continue
+            if progress is not None:
+                progress(f"opening {cand.name} here", len(runners), len(candidates) + 1)
+            t0 = time.perf_counter()
+            try:
+                runner = cand.build(ctx)
+                gap = _check(runner, sets, rep.ran)
+            except Exception as exc:  # built there, not here: reported as a failed build, with where
+                why = failed_build(cand, exc).reason
+                results[cand.name] = result_of(cand, "failed", f"opening on the timing node: {why}")
+                continue
+            info = {"open_s": time.perf_counter() - t0, "check_max_rel": gap, "fidelity_on": "builder"}
+            ran, build_s = rep.ran, rep.build_s
+            if not gap <= CHECK_TOL:  # another kernel there: the timed runner's own outputs decide
+                ran = run_sets(runner, sets)
+                info["fidelity_on"] = "timing node (builder's outputs differ)"
+            stats = {**rep.stats, "built_on": {"worker": rep.worker, "host": rep.host}}
+        if is_base:
+            reference = {name: outs for name, (outs, _, _) in ran.items()}
+        results[cand.name] = judge(cand, is_base, ran, build_s, stats, reference, budget, labels)
         opened[cand.name] = info
         if results[cand.name].status == "failed":
             with contextlib.suppress(Exception):

@@ -1,0 +1,128 @@
+"""Distributed optimisation builds (issue 20): the same search in one process and with its builds on a local
+2-node Ray cluster, side by side in one run.
+
+* One process: ``run_lab`` as ``latencylab optimize`` runs it (builds, fidelity runs and timing rounds in
+  this process, ``--threads`` threads).
+* Ray: ``run_lab`` with ``ray`` set: a local cluster (``ray.cluster_utils.Cluster``, started here, torn down
+  after) of ``--nodes`` nodes. The head node is this process's: it holds no Ray CPU, it builds what cannot be
+  shipped (the torch family, in a thread of the driver) and runs the timing rounds, as in one process. Each
+  other node has ``--threads`` Ray CPUs and one build worker (the ONNX Runtime family's builds).
+* The build phase: one process, from the search's start to its first timing round (``summary.phases.build_s``,
+  every build and fidelity run, serial); Ray, the cluster's start-up (workers placed, each opening the
+  workload) plus the span from the first hand-out to the last report, plus the opening of every candidate
+  on the timing node (``summary.distributed``); the sum of the build times shows the work done.
+* The choice and its p50 ratios per input set, and whether every candidate's status and fidelity are equal.
+
+No time cap (``time_budget_s=None``) in either run, so both build every candidate. On this 2-vCPU machine the
+one-process search leaves one vCPU idle during its builds (1 thread); the Ray run uses both: the ceiling is 2x
+on the build phase, less on the wall time (the timing rounds stay serial on one node).
+
+    /tmp/lbench .venv/bin/python benchmarks/optimize_ray.py [--workload text] [--only A,B] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import platform
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from latencylab.optimize.lab import LabConfig, run_lab
+
+
+def fidelity_table(doc: dict[str, Any]) -> dict[str, Any]:
+    return {c["name"]: (c["status"], c["fidelity"]) for c in doc["candidates"]}
+
+
+def brief(doc: dict[str, Any]) -> str:
+    s = doc["summary"]
+    ch = s.get("chosen") or {}
+    by_set = s.get("speedup_by_set") or {}
+    sets = ", ".join(f"{k} {v:.2f}x" for k, v in by_set.items() if v)
+    return f"chosen {ch.get('name')} ({sets or 'no speed-up'})"
+
+
+def run_ray(cfg: LabConfig, nodes: int, threads: int) -> tuple[dict[str, Any], float]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    for _ in range(nodes - 1):
+        c.add_node(num_cpus=threads)
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        t0 = time.perf_counter()
+        doc = run_lab(cfg)
+        return doc, time.perf_counter() - t0
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="text", choices=["text", "vision"])
+    ap.add_argument("--only", default="", help="comma-separated candidates (default: the whole search)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    only = tuple(x for x in args.only.split(",") if x)
+    base = LabConfig(workload=args.workload, only=only, rounds=args.rounds, threads=args.threads, time_budget_s=None)
+    print(f"# optimize_ray: {args.workload}, {args.threads} thread(s), {args.nodes} nodes; "
+          f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}", flush=True)  # fmt: skip
+    t0 = time.perf_counter()
+    one = run_lab(base)
+    one_wall = time.perf_counter() - t0
+    ray_doc, ray_wall = run_ray(dataclasses.replace(base, ray="", workers=args.nodes - 1), args.nodes, args.threads)
+    d = ray_doc["summary"]["distributed"]
+    one_build = one["summary"]["phases"]["build_s"]
+    builds_one = sum(c["build_s"] or 0.0 for c in one["candidates"])
+    ray_build = d["startup_s"] + d["build_phase_s"] + d["open_phase_s"]
+    n_built = len(d["candidates"])
+    print(f"candidates built: one process {sum(1 for c in one['candidates'] if c['build_s'] is not None)}, "
+          f"ray {n_built}")  # fmt: skip
+    print(f"one process: build phase {one_build:.1f} s (sum of builds {builds_one:.1f} s), wall {one_wall:.1f} s")
+    print(f"ray {args.nodes} nodes: build phase {ray_build:.1f} s = start-up {d['startup_s']:.1f} + builds "
+          f"{d['build_phase_s']:.1f} (sum {d['builds_sum_s']:.1f}) + opening here {d['open_phase_s']:.1f}; "
+          f"wall {ray_wall:.1f} s; shipped {d['shipped_bytes'] / 1e6:.1f} MB")  # fmt: skip
+    print(f"build phase ratio (one / ray): {one_build / ray_build:.2f}x; builds only (one / ray span): "
+          f"{one_build / d['build_phase_s']:.2f}x; wall ratio {one_wall / ray_wall:.2f}x")  # fmt: skip
+    per_worker: dict[int, float] = {}
+    for p in d["candidates"].values():
+        per_worker[p["worker"]] = per_worker.get(p["worker"], 0.0) + p["build_s"]
+    print("build seconds per worker: " + ", ".join(f"{w}: {s:.1f}" for w, s in sorted(per_worker.items())))
+    print(f"one process: {brief(one)}\nray:         {brief(ray_doc)}")
+    same = fidelity_table(one) == fidelity_table(ray_doc)
+    print(f"every candidate's status and fidelity equal: {same}")
+    if not same:
+        a, b = fidelity_table(one), fidelity_table(ray_doc)
+        for k in a:
+            if a[k] != b.get(k):
+                print(f"  differs: {k}: {a[k]} vs {b.get(k)}")
+    rows = []
+    for c in one["candidates"]:
+        r = next(x for x in ray_doc["candidates"] if x["name"] == c["name"])
+        rows.append((c["name"], c["status"], c.get("build_s"), r.get("build_s"), c.get("speedup_p50"),
+                     r.get("speedup_p50")))  # fmt: skip
+    print(f"{'candidate':44s} {'status':15s} {'build 1p':>9s} {'build ray':>9s} {'x 1p':>7s} {'x ray':>7s}")
+    for name, st, b1, b2, s1, s2 in rows:
+
+        def f(v: Any, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+
+        print(f"{name:44s} {st:15s} {f(b1, '9.1f')} {f(b2, '9.1f')} {f(s1, '7.2f')} {f(s2, '7.2f')}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"one": one, "ray": ray_doc, "one_wall_s": one_wall,
+                                               "ray_wall_s": ray_wall}, default=str))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
