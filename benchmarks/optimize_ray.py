@@ -84,20 +84,22 @@ def main() -> int:
     d = ray_doc["summary"]["distributed"]
     one_build = one["summary"]["phases"]["build_s"]
     builds_one = sum(c["build_s"] or 0.0 for c in one["candidates"])
-    ray_build = d["startup_s"] + d["build_phase_s"] + d["open_phase_s"]
+    ray_build = ray_doc["summary"]["phases"]["build_s"]
     n_built = len(d["candidates"])
     print(f"candidates built: one process {sum(1 for c in one['candidates'] if c['build_s'] is not None)}, "
-          f"ray {n_built}")  # fmt: skip
+          f"ray {n_built} ({len(d['built_here'])} of them in the driver)")  # fmt: skip
     print(f"one process: build phase {one_build:.1f} s (sum of builds {builds_one:.1f} s), wall {one_wall:.1f} s")
-    print(f"ray {args.nodes} nodes: build phase {ray_build:.1f} s = start-up {d['startup_s']:.1f} + builds "
-          f"{d['build_phase_s']:.1f} (sum {d['builds_sum_s']:.1f}) + opening here {d['open_phase_s']:.1f}; "
-          f"wall {ray_wall:.1f} s; shipped {d['shipped_bytes'] / 1e6:.1f} MB")  # fmt: skip
-    print(f"build phase ratio (one / ray): {one_build / ray_build:.2f}x; builds only (one / ray span): "
-          f"{one_build / d['build_phase_s']:.2f}x; wall ratio {one_wall / ray_wall:.2f}x")  # fmt: skip
+    print(f"ray, {args.nodes} nodes: build phase {ray_build:.1f} s: the workers' start-up {d['startup_s']:.1f} s, then "
+          f"their builds {d['build_phase_s']:.1f} s beside the driver's {d['local_phase_s']:.1f} s (together "
+          f"{d['builds_wall_s']:.1f} s; sum of builds {d['builds_sum_s']:.1f} s), opening here "
+          f"{d['open_phase_s']:.1f} s; wall {ray_wall:.1f} s; shipped {d['shipped_bytes'] / 1e6:.1f} MB")  # fmt: skip
+    print(f"build phase ratio (one process / ray): {one_build / ray_build:.2f}x; wall ratio {one_wall / ray_wall:.2f}x")
     per_worker: dict[int, float] = {}
     for p in d["candidates"].values():
-        per_worker[p["worker"]] = per_worker.get(p["worker"], 0.0) + p["build_s"]
-    print("build seconds per worker: " + ", ".join(f"{w}: {s:.1f}" for w, s in sorted(per_worker.items())))
+        w = -1 if p["worker"] is None else p["worker"]
+        per_worker[w] = per_worker.get(w, 0.0) + p["build_s"]
+    each = ", ".join(f"{w}: {t:.1f}" for w, t in sorted(per_worker.items()))
+    print(f"build seconds per worker (-1: the driver): {each}")
     print(f"one process: {brief(one)}\nray:         {brief(ray_doc)}")
     same = fidelity_table(one) == fidelity_table(ray_doc)
     print(f"every candidate's status and fidelity equal: {same}")
