@@ -1,12 +1,15 @@
 """Distributed optimisation builds (issue 20): the same search in one process and with its builds on a local
 2-node Ray cluster, side by side in one run.
 
-* One process: ``run_lab`` as ``latencylab optimize`` runs it (builds, fidelity runs and timing rounds in
-  this process, ``--threads`` threads).
-* Ray: ``run_lab`` with ``ray`` set: a local cluster (``ray.cluster_utils.Cluster``, started here, torn down
-  after) of ``--nodes`` nodes. The head node is this process's: it holds no Ray CPU, it builds what cannot be
-  shipped (the torch family, in a thread of the driver) and runs the timing rounds, as in one process. Each
-  other node has ``--threads`` Ray CPUs and one build worker (the ONNX Runtime family's builds).
+* A local cluster (``ray.cluster_utils.Cluster``, started here, torn down after) of ``--nodes`` nodes with
+  ``--threads`` Ray CPUs each is up during both runs (its idle daemons load both alike).
+* One process: ``latencylab optimize --json`` in a subprocess (builds, fidelity runs and timing rounds in one
+  process, ``--threads`` threads).
+* Ray: ``latencylab optimize --ray ADDRESS --workers NODES --json`` in a subprocess: one build worker a node
+  (the ONNX Runtime family's builds); the driver (on the head node) builds what cannot be shipped (the torch
+  family, in a thread, beside the workers) and runs the timing rounds, as in one process.
+* Each search is its own process: in one process the second search would inherit the first's torch.compile
+  state (dynamo's recompile limit, reached on the text workload's varied lengths, then runs it eagerly).
 * The build phase: one process, from the search's start to its first timing round (``summary.phases.build_s``,
   every build and fidelity run, serial); Ray, the cluster's start-up (workers placed, each opening the
   workload) plus the span from the first hand-out to the last report, plus the opening of every candidate
@@ -23,16 +26,16 @@ on the build phase, less on the wall time (the timing rounds stay serial on one 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import logging
 import platform
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-from latencylab.optimize.lab import LabConfig, run_lab
 
 
 def fidelity_table(doc: dict[str, Any]) -> dict[str, Any]:
@@ -47,40 +50,40 @@ def brief(doc: dict[str, Any]) -> str:
     return f"chosen {ch.get('name')} ({sets or 'no speed-up'})"
 
 
-def run_ray(cfg: LabConfig, nodes: int, threads: int) -> tuple[dict[str, Any], float]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    for _ in range(nodes - 1):
-        c.add_node(num_cpus=threads)
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    try:
-        t0 = time.perf_counter()
-        doc = run_lab(cfg)
-        return doc, time.perf_counter() - t0
-    finally:
-        ray.shutdown()
-        c.shutdown()
+def optimize(args: argparse.Namespace, out: Path, *extra: str) -> tuple[dict[str, Any], float]:
+    """``latencylab optimize`` in a subprocess: (its result, its wall time)."""
+    cmd = [sys.executable, "-m", "latencylab", "optimize", "--workload", args.workload, "--rounds", str(args.rounds),
+           "--threads", str(args.threads), "--time-budget", "1e9", "--quiet", "--json", str(out), *extra]  # fmt: skip
+    if args.only:
+        cmd += ["--only", args.only]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text()), time.perf_counter() - t0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="text", choices=["text", "vision"])
     ap.add_argument("--only", default="", help="comma-separated candidates (default: the whole search)")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    only = tuple(x for x in args.only.split(",") if x)
-    base = LabConfig(workload=args.workload, only=only, rounds=args.rounds, threads=args.threads, time_budget_s=None)
     print(f"# optimize_ray: {args.workload}, {args.threads} thread(s), {args.nodes} nodes; "
           f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}", flush=True)  # fmt: skip
-    t0 = time.perf_counter()
-    one = run_lab(base)
-    one_wall = time.perf_counter() - t0
-    ray_doc, ray_wall = run_ray(dataclasses.replace(base, ray="", workers=args.nodes - 1), args.nodes, args.threads)
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": args.threads})
+    for _ in range(args.nodes - 1):
+        c.add_node(num_cpus=args.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="optimize-ray-"))
+    try:
+        one, one_wall = optimize(args, tmp / "one.json")
+        ray_doc, ray_wall = optimize(args, tmp / "ray.json", "--ray", c.address, "--workers", str(args.nodes))
+    finally:
+        c.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
     d = ray_doc["summary"]["distributed"]
     one_build = one["summary"]["phases"]["build_s"]
     builds_one = sum(c["build_s"] or 0.0 for c in one["candidates"])

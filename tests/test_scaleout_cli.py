@@ -43,7 +43,7 @@ def test_serve_ray_flags_and_their_one_line_errors(capsys: pytest.CaptureFixture
     assert a.ray == "" and a.replicas == 3
     for argv, why in (
         (["serve", "--model", "vision", "--replicas", "2"], "--replicas needs --ray"),
-        (["serve", "--model", "gen", "--ray"], "not --model gen"),
+        (["serve", "--model", "gen", "--ray", "--autoscale", "1:2"], "not --model gen"),
         (["serve", "--model", "vision", "--ray", "--port", "0"], "--port 0 is not supported with --ray"),
         (["serve", "--model", "vision", "--ray", "--timeline", "t.json"], "--timeline is per process"),
     ):

@@ -26,6 +26,8 @@ GROUPS = {
     "tests/test_scaleout_ray.py": "tests/test_scaleout_*.py (local Ray clusters, one at a time)",
     "tests/test_scaleout_serve.py": "tests/test_scaleout_*.py (local Ray clusters, one at a time)",
     "tests/test_scaleout_optimize.py": "tests/test_scaleout_*.py (local Ray clusters, one at a time)",
+    "tests/test_scaleout_autoscale.py": "tests/test_scaleout_*.py (local Ray clusters, one at a time)",
+    "tests/test_scaleout_gen.py": "tests/test_scaleout_*.py (local Ray clusters, one at a time)",
 }
 
 

@@ -338,7 +338,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    if getattr(args, "ray", None) is not None or getattr(args, "replicas", None) is not None:
+    ray_only = ("replicas", "autoscale", "retry_shed")
+    if getattr(args, "ray", None) is not None or any(getattr(args, k, None) is not None for k in ray_only):
         from latencylab.scaleout.cli import run_serve_ray  # --ray: Ray Serve replicas (latencylab.scaleout)
 
         return run_serve_ray(args)

@@ -110,6 +110,18 @@ def add_optimize_ray_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def replica_range(text: str) -> tuple[int, int]:
+    """``MIN:MAX`` replicas, 1 <= MIN <= MAX."""
+    lo, sep, hi = text.partition(":")
+    try:
+        a, b = int(lo), int(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MIN:MAX, e.g. 1:4") from None
+    if not sep or not 1 <= a <= b:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 1 <= MIN <= MAX, e.g. 1:4")
+    return a, b
+
+
 def add_serve_ray_arguments(parser: argparse.ArgumentParser) -> None:
     """``serve --ray [ADDRESS] --replicas N``: the model service in N Ray Serve replicas (latencylab.scaleout)."""
     parser.add_argument(
@@ -121,4 +133,14 @@ def add_serve_ray_arguments(parser: argparse.ArgumentParser) -> None:
         "--replicas", type=positive_int, default=None,
         help="with --ray: N replicas, each with the whole service (batcher, admission, guard, ladder, cache) and "
         "--threads (default 1) Ray CPUs (default 2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--autoscale", type=replica_range, default=None, metavar="MIN:MAX",
+        help="with --ray: let Ray Serve scale the replicas between MIN and MAX on their SLO pressure (predicted "
+        "latency and window P99 over the SLO; docs/scale.md); --replicas is the initial count",
+    )  # fmt: skip
+    parser.add_argument(
+        "--retry-shed", type=int, default=None, metavar="N",
+        help="with --ray: a request a replica sheds (503) is offered to another replica up to N times before the "
+        "client gets the 503 (default 0: off)",
     )  # fmt: skip

@@ -66,28 +66,51 @@ def run_serve_ray(args: argparse.Namespace) -> int:
     """``latencylab serve --ray [ADDRESS] --replicas N``: deploy, print the endpoint, serve until SIGINT/SIGTERM,
     then delete the deployment (latencylab.scaleout.serve_ray)."""
     if args.ray is None:
-        raise LatencyLabError("--replicas needs --ray [ADDRESS]")
-    if getattr(args, "model", None) == "gen":
-        raise LatencyLabError("--ray serves the OIP models (text, vision, --config, --from); not --model gen yet")
+        given = next(f for k, f in (("replicas", "--replicas"), ("autoscale", "--autoscale"),
+                                    ("retry_shed", "--retry-shed")) if getattr(args, k, None) is not None)  # fmt: skip
+        raise LatencyLabError(f"{given} needs --ray [ADDRESS]")
     if getattr(args, "timeline", None):
         raise LatencyLabError("--timeline is per process: read each replica's /metrics with --ray instead")
     from latencylab.scaleout.serve_ray import ReplicaOptions, deploy, shutdown
-    from latencylab.serve.frontend import config_from_args
 
-    cfg = config_from_args(args)
+    gen = getattr(args, "model", None) == "gen"
+    if gen and (getattr(args, "autoscale", None) or getattr(args, "retry_shed", None)):
+        raise LatencyLabError("--autoscale and --retry-shed are for the OIP models; not --model gen yet")
+    if gen:
+        from latencylab.genserve.server import config_from_args as gen_config
+
+        cfg: Any = gen_config(args)
+    else:
+        from latencylab.serve.frontend import config_from_args
+
+        cfg = config_from_args(args)
     if cfg.port == 0:
         raise LatencyLabError("--port 0 is not supported with --ray: Ray Serve's proxy needs a fixed port")
+    retry = getattr(args, "retry_shed", None)
+    if retry is not None and retry < 0:
+        raise LatencyLabError("--retry-shed must be >= 0")
+    scale = getattr(args, "autoscale", None)
+    replicas = args.replicas or (scale[0] if scale else DEFAULT_REPLICAS)
     opts = ReplicaOptions(
-        replicas=args.replicas or DEFAULT_REPLICAS, num_cpus=float(cfg.threads or 1), host=cfg.host, port=cfg.port
-    )
+        replicas=replicas, num_cpus=float(cfg.threads or 1), host=cfg.host, port=cfg.port, retry_shed=retry or 0,
+        autoscale=scale,
+    )  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     url = deploy(cfg, opts, args.ray or None)
     try:
         print(f"listening {url}", flush=True)
-        for m in cfg.models:
-            print(f"  model {m.name}: {opts.replicas} Ray Serve replicas, ladder {' -> '.join(m.ladder)}", flush=True)
+        count = str(opts.replicas)
+        if scale is not None:
+            count += f" (autoscaled {scale[0]}-{scale[1]} on SLO pressure)"
+        if gen:
+            print(f"  model {cfg.model_name}: {count} Ray Serve replicas (the generative server, streamed through Ray "
+                  "Serve's proxy)", flush=True)  # fmt: skip
+        for m in () if gen else cfg.models:
+            print(f"  model {m.name}: {count} Ray Serve replicas, ladder {' -> '.join(m.ladder)}", flush=True)
+        if opts.retry_shed:
+            print(f"  a shed request is offered to another replica up to {opts.retry_shed} times", flush=True)
         stop.wait()
     finally:
         shutdown(opts)

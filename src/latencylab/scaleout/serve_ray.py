@@ -77,6 +77,13 @@ class ReplicaOptions:
     # gets an explicit 408 instead of waiting; a request on a replica that was SIGKILLed has been seen to hang
     # until the client's own timeout (session 21, tests/test_scaleout_serve.py). None: no timeout (Ray's default)
     request_timeout_s: float | None = 60.0
+    # --autoscale MIN:MAX: Ray Serve scales the replicas between these on the replicas' SLO pressure
+    # (scaleout/autoscale.py); ``replicas`` is the initial count. None: a fixed ``replicas``
+    autoscale: tuple[int, int] | None = None
+    autoscale_target: float = 0.5  # the mean SLO pressure the policy holds the replicas at
+    upscale_delay_s: float = 5.0  # how long Ray Serve waits on an upscale decision before acting (Ray: 30 s)
+    downscale_delay_s: float = 30.0  # ... on a downscale decision (Ray: 600 s)
+    look_back_s: float = 5.0  # the window Ray averages each replica's reported pressure over (Ray: 30 s)
 
 
 def relabel(text: str, replica: str) -> str:
@@ -200,7 +207,62 @@ class MetricsBoard:
         return {r: t for r, (_, t) in self.texts.items()}
 
 
-class OipReplica:
+class PushedMetrics:
+    """What every latencylab replica does with its metrics: pushes its exposition (:meth:`exposition`) to the
+    board every ``push_s`` from a thread, answers ``/metrics`` (its own, labelled with its replica) and
+    ``/metrics/cluster`` (every replica's, merged)."""
+
+    replica: str
+    app_name: str
+
+    def exposition(self) -> str:
+        raise NotImplementedError
+
+    def _start_push(self, push_s: float) -> None:
+        self._stop = threading.Event()
+        self._pusher = threading.Thread(target=self._push, args=(push_s,), name="metrics-push", daemon=True)
+        self._pusher.start()
+
+    def _push(self, every_s: float) -> None:
+        import ray
+
+        board = None
+        while not self._stop.is_set():
+            try:
+                board = board or ray.get_actor(BOARD, namespace=self.app_name)
+                board.put.remote(self.replica, self.exposition())
+            except Exception:  # no board (a deployment made without one) or it restarted: try again later
+                board = None
+            self._stop.wait(every_s)
+
+    async def metrics_route(self, path: str, scope: Any, receive: Any, send: Any) -> bool:
+        """Answer ``/metrics`` or ``/metrics/cluster``; False for any other path."""
+        from starlette.responses import Response
+
+        if path == "/metrics":
+            await Response(relabel(self.exposition(), self.replica), media_type=PROM)(scope, receive, send)
+        elif path == "/metrics/cluster":
+            await Response(await self._cluster_text(), media_type=PROM)(scope, receive, send)
+        else:
+            return False
+        return True
+
+    async def _cluster_text(self) -> str:
+        import ray
+
+        texts: dict[str, str] = {}
+        with contextlib.suppress(Exception):  # no board: this replica's own view
+            texts = await ray.get_actor(BOARD, namespace=self.app_name).all.remote()
+        texts[self.replica] = self.exposition()  # its own, fresh
+        return merge_expositions(texts)
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+
+
+class OipReplica(PushedMetrics):
     """One replica: latencylab's server state behind the OIP app (module docstring). Wrapped by
     ``serve.ingress()`` in :func:`deploy`; the app is built after the constructor
     (``__serve_build_asgi_app__``), and Ray Serve runs its lifespan (the batchers start there)."""
@@ -224,21 +286,16 @@ class OipReplica:
         self.retries = {"offered": 0, "answered": 0}  # sheds offered to another replica, and answered there
         self._inner: Any = None
         self._handle: Any = None
-        self._stop = threading.Event()
-        self._pusher = threading.Thread(target=self._push, args=(push_s,), name="metrics-push", daemon=True)
-        self._pusher.start()
+        self._start_push(push_s)
 
-    def _push(self, every_s: float) -> None:
-        import ray
+    def exposition(self) -> str:
+        return self.state.metrics.exposition().decode() + self._retry_text()
 
-        board = None
-        while not self._stop.is_set():
-            try:
-                board = board or ray.get_actor(BOARD, namespace=self.app_name)
-                board.put.remote(self.replica, self.state.metrics.exposition().decode() + self._retry_text())
-            except Exception:  # no board (a deployment made without one) or it restarted: try again later
-                board = None
-            self._stop.wait(every_s)
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's custom autoscaling metric: this replica's SLO pressure (scaleout/autoscale.py)."""
+        from latencylab.scaleout.autoscale import PRESSURE, replica_pressure
+
+        return {PRESSURE: replica_pressure(self.state)}
 
     def pid(self) -> int:
         """This replica's process (a test kills one)."""
@@ -250,8 +307,6 @@ class OipReplica:
         return self.replica
 
     def __serve_build_asgi_app__(self) -> Any:
-        from starlette.responses import Response
-
         from latencylab.serve.app import lifespan_app
 
         inner = self._inner = lifespan_app(self.state)
@@ -259,12 +314,9 @@ class OipReplica:
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
             path = scope.get("path", "") if scope["type"] == "http" else ""
-            if path == "/metrics":
-                text = relabel(own.state.metrics.exposition().decode() + own._retry_text(), own.replica)
-                await Response(text, media_type=PROM)(scope, receive, send)
-            elif path == "/metrics/cluster":
-                await Response(await own._cluster_text(), media_type=PROM)(scope, receive, send)
-            elif own.retry_shed > 0 and scope.get("method") == "POST" and path.endswith("/infer"):
+            if await own.metrics_route(path, scope, receive, send):
+                return
+            if own.retry_shed > 0 and scope.get("method") == "POST" and path.endswith("/infer"):
                 await own._infer_or_retry(scope, receive, send)
             else:
                 await inner(scope, receive, send)
@@ -323,18 +375,6 @@ class OipReplica:
             + "".join(f'latencylab_server_shed_retries_total{{outcome="{k}"}} {v}\n' for k, v in self.retries.items())
         )
 
-    async def _cluster_text(self) -> str:
-        import ray
-
-        texts: dict[str, str] = {}
-        with contextlib.suppress(Exception):  # no board: this replica's own view
-            texts = await ray.get_actor(BOARD, namespace=self.app_name).all.remote()
-        texts[self.replica] = self.state.metrics.exposition().decode() + self._retry_text()  # its own, fresh
-        return merge_expositions(texts)
-
-    def __del__(self) -> None:
-        self._stop.set()
-
 
 def _serve() -> Any:
     try:
@@ -344,12 +384,22 @@ def _serve() -> Any:
     return serve
 
 
-def deploy(cfg: ServerConfig, opts: ReplicaOptions, address: str | None = None) -> str:
+def deploy(cfg: Any, opts: ReplicaOptions, address: str | None = None, factory: str | None = None) -> str:
     """Start (or join) Ray, Ray Serve's proxy on ``opts.host:opts.port``, the metrics board and ``opts.replicas``
-    replicas of ``cfg``; returns the endpoint URL once every replica is ready (blocking: the replicas load and
-    warm their models)."""
+    replicas of ``cfg`` (a ``ServerConfig``: the OIP service; a ``GenServeConfig``: the generative one,
+    scaleout/serve_ray_gen.py, ``factory`` its optional service factory); returns the endpoint URL once every
+    replica is ready (blocking: the replicas load and warm their models)."""
+    gen = not isinstance(cfg, ServerConfig)
+    if gen and (opts.autoscale is not None or opts.retry_shed):
+        raise LatencyLabError("--autoscale and --retry-shed are for the OIP models; not --model gen yet")
     if opts.replicas < 1:
         raise LatencyLabError("--replicas must be >= 1")
+    if opts.autoscale is not None:
+        lo, hi = opts.autoscale
+        if not 1 <= lo <= hi or not lo <= opts.replicas <= hi:
+            raise LatencyLabError(
+                f"--autoscale {lo}:{hi} needs 1 <= MIN <= MAX and --replicas ({opts.replicas}) between them"
+            )
     serve = _serve()
     import ray
 
@@ -367,22 +417,59 @@ def deploy(cfg: ServerConfig, opts: ReplicaOptions, address: str | None = None) 
     actor: dict[str, Any] = {"num_cpus": opts.num_cpus}
     if opts.runtime_env:
         actor["runtime_env"] = dict(opts.runtime_env)
+    scaling: dict[str, Any] = {"num_replicas": opts.replicas}
+    if opts.autoscale is not None:
+        scaling = {"num_replicas": "auto", "autoscaling_config": autoscaling_config(opts)}
+    if gen:
+        from latencylab.scaleout.serve_ray_gen import DEPLOYMENT as name
+        from latencylab.scaleout.serve_ray_gen import GenReplica
+
+        cls: type = GenReplica
+        args: tuple[Any, ...] = (cfg, opts.app_name, opts.push_s, factory)
+    else:
+        many = opts.replicas > 1 or (opts.autoscale is not None and opts.autoscale[1] > 1)
+        cls, name, args = OipReplica, DEPLOYMENT, (cfg, opts.app_name, opts.push_s, opts.retry_shed if many else 0)
     deployment = serve.deployment(
-        serve.ingress()(OipReplica),
-        name=DEPLOYMENT,
-        num_replicas=opts.replicas,
+        serve.ingress()(cls),
+        name=name,
         max_ongoing_requests=opts.max_ongoing_requests,
         ray_actor_options=actor,
         health_check_period_s=2,
+        **scaling,
     )
-    serve.run(deployment.bind(cfg, opts.app_name, opts.push_s, opts.retry_shed if opts.replicas > 1 else 0),
-              name=opts.app_name, route_prefix="/")  # fmt: skip
+    serve.run(deployment.bind(*args), name=opts.app_name, route_prefix="/")
     return f"http://{opts.host}:{opts.port}"
 
 
-def handle(opts: ReplicaOptions) -> Any:
+def autoscaling_config(opts: ReplicaOptions) -> dict[str, Any]:
+    """Ray Serve's ``autoscaling_config`` for ``--autoscale MIN:MAX``: the SLO-pressure policy
+    (scaleout/autoscale.py), the replicas' metric sent every second and averaged over ``look_back_s``."""
+    assert opts.autoscale is not None
+    lo, hi = opts.autoscale
+    return {
+        "min_replicas": lo,
+        "max_replicas": hi,
+        "initial_replicas": opts.replicas,
+        "metrics_interval_s": 1.0,
+        "look_back_period_s": opts.look_back_s,
+        "upscale_delay_s": opts.upscale_delay_s,
+        "downscale_delay_s": opts.downscale_delay_s,
+        "policy": {
+            "policy_function": "latencylab.scaleout.autoscale:SloPressure",
+            "policy_kwargs": {"target": opts.autoscale_target},
+        },
+    }
+
+
+def replica_count(opts: ReplicaOptions, name: str = DEPLOYMENT) -> int:
+    """The deployment's running replicas now (Ray Serve's status)."""
+    st = _serve().status().applications[opts.app_name].deployments[name]
+    return int(st.replica_states.get("RUNNING", 0))
+
+
+def handle(opts: ReplicaOptions, name: str = DEPLOYMENT) -> Any:
     """The deployment's handle (calls its methods, e.g. ``pid``, on a replica the router picks)."""
-    return _serve().get_deployment_handle(DEPLOYMENT, app_name=opts.app_name)
+    return _serve().get_deployment_handle(name, app_name=opts.app_name)
 
 
 def shutdown(opts: ReplicaOptions) -> None:
