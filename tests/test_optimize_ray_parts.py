@@ -72,3 +72,12 @@ def test_the_cli_refuses_workers_without_ray_and_ray_with_a_recipe(
     assert "--workers needs --ray" in capsys.readouterr().err
     assert main(["optimize", "--recipe", os.fspath(tmp_path / "r.json"), "--ray"]) == 2
     assert "--ray distributes" in capsys.readouterr().err
+
+
+def test_fallbacks_of_one_recipe_share_their_ranking_and_nothing_else_does(tmp_path: Path) -> None:
+    cfg = LabConfig(workload="vision")
+    cands = {c.name: c for c in lab_candidates(make_context(cfg, tmp_path), cfg)}
+    k2, k4 = cands["ort-int8-dynamic-fallback-k2"].shares, cands["ort-int8-dynamic-fallback-k4"].shares
+    assert k2 and k2 == k4 == cands["ort-int8-dynamic-fallback-k8"].shares
+    assert cands["ort-int8-dynamic-perchannel-fallback-k2"].shares not in ("", k2)  # another recipe, another ranking
+    assert cands["ort-int8-dynamic-perchannel"].shares == cands["torch-fp32"].shares == ""

@@ -41,7 +41,7 @@ def cluster() -> Iterator[str]:
 
 
 def _fidelity(doc: dict) -> dict:  # type: ignore[type-arg]
-    return {c["name"]: (c["status"], c["fidelity"], {k: v["fidelity"] for k, v in c["sets"].items()})
+    return {c["name"]: (c["status"], c["fidelity"], {k: v["fidelity"] for k, v in (c.get("sets") or {}).items()})
             for c in doc["candidates"]}  # fmt: skip
 
 
@@ -67,6 +67,42 @@ def test_builds_spread_over_both_nodes_and_agree_with_one_process(cluster: str, 
     assert d["build_phase_s"] > 0 and d["builds_sum_s"] > 0
     if doc["summary"]["chosen"] is not None:  # the export reads the shipped file under the driver's work dir
         assert Path(doc["artifact"]).exists() and json.loads(Path(doc["recipe"]).read_text())["candidate"]
+
+
+def _deep_mlp(path: Path, layers: int = 6) -> Path:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = rng.standard_normal((16, 16)).astype(np.float32) / 4
+        inits.append(onnx.numpy_helper.from_array(w, f"W{i}"))
+        nodes += [helper.make_node("MatMul", [x, f"W{i}"], [f"h{i}"]), helper.make_node("Relu", [f"h{i}"], [f"r{i}"])]
+        x = f"r{i}"
+    graph = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", 16])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_fallbacks_sharing_a_ranking_build_one_after_the_other(cluster: str, tmp_path: Path) -> None:
+    only = ("ort-int8-dynamic-fallback-k2", "ort-int8-dynamic-fallback-k4")
+    model = str(_deep_mlp(tmp_path / "deep.onnx"))
+    one = run_lab(LabConfig(workload="onnx", model_path=model, only=only, rounds=2, time_budget_s=None),
+                  workdir=tmp_path / "one")  # fmt: skip
+    cfg = LabConfig(workload="onnx", model_path=model, only=only, rounds=2, time_budget_s=None, ray="", workers=2)
+    doc = run_lab(cfg, workdir=tmp_path / "two")
+    assert _fidelity(doc) == _fidelity(one)
+    assert {c["name"]: c["status"] for c in doc["candidates"]}[only[1]] != "failed", doc["candidates"]
+    per = doc["summary"]["distributed"]["candidates"]
+    k2, k4 = per[only[0]], per[only[1]]
+    assert k4["started_s"] >= k2["ended_s"]  # held back while k2 made the ranking (both workers were free)
+    ranking = [n for n in (tmp_path / "two" / "ort").iterdir() if n.name.startswith("sensitivity-")]
+    assert len(ranking) == 1  # one ranking, made once, shipped back and forwarded with k4
 
 
 def test_a_dead_build_workers_candidate_is_built_again_on_another(cluster: str, tmp_path: Path) -> None:

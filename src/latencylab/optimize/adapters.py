@@ -335,10 +335,27 @@ class OnnxFileAdapter:
         raise LatencyLabError("an ONNX file has no torch module: only the onnxruntime family applies")
 
     def export_onnx(self, path: Path, opset: int = 17) -> Path:
+        """The user's file, copied; a graph with unnamed nodes is saved with names given to them
+        (``<op>_<index>``, unique), since the quantiser keeps nodes in float by name (the fallback recipes)."""
         import shutil
 
+        import onnx
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.model_path, path)
+        head = onnx.load(str(self.model_path), load_external_data=False)
+        if all(n.name for n in head.graph.node):
+            shutil.copyfile(self.model_path, path)
+            return path
+        model = onnx.load(str(self.model_path))
+        taken = {n.name for n in model.graph.node if n.name}
+        for i, n in enumerate(model.graph.node):
+            if not n.name:
+                name = f"{n.op_type}_{i}"
+                while name in taken:
+                    name += "_"
+                n.name = name
+                taken.add(name)
+        onnx.save(model, str(path))
         return path
 
     def heldout(self) -> list[Feed]:

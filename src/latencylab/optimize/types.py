@@ -115,6 +115,10 @@ class Candidate:
     # What the candidate does to the inputs before its model runs (latencylab.optimize.shapes): "as-given",
     # or a pipeline change such as "exact", whose gain is reported apart from the model speedup.
     input_policy: str = "as-given"
+    # An intermediate this candidate's build makes and others with the same key reuse (e.g. the ORT family's
+    # per-node sensitivity ranking behind every "-fallback-kN" of one recipe); "" when none. A distributed search
+    # (scaleout/optimize_ray.py) builds one member of a group at a time, so the others find it made.
+    shares: str = ""
 
 
 # A family module exposes: def candidates(ctx: BuildContext) -> Sequence[Candidate]

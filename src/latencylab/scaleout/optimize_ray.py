@@ -12,7 +12,9 @@ candidate; latency must be measured on one machine, in interleaved rounds. So:
    whose compilation happens at the first calls and must happen where it is timed; OpenVINO and TVM, not yet
    made shippable) are built and run on their held-out sets in the driver, in a thread, while the builders
    work: each is built once, where it is timed, as in one process.
-   The driver hands the shipped candidates out in the search's order, one to each idle builder.
+   The driver hands the shipped candidates out in the search's order, one to each idle builder, except that
+   candidates sharing an intermediate (``Candidate.shares``: a sensitivity ranking) go one at a time, so that
+   the later ones find it made (forwarded with their hand-out) instead of making it again at the same time.
    A builder builds it, runs every held-out set (the outputs the fidelity check needs), and sends back the
    outputs, its build time and the files the build added to its work directory (the ORT family's quantised
    and fused graphs, sensitivity rankings: content-addressed by what they were made from). The driver keeps
@@ -449,10 +451,15 @@ def _build_all(
     in_flight: dict[Any, tuple[int, Candidate]] = {}
     reports: dict[str, BuildReport] = {}
     lost: dict[str, list[str]] = {}  # candidate -> the deaths of the workers that had it
+    making: set[str] = set()  # shared intermediates (Candidate.shares) a build in flight is making
     t0 = time.perf_counter()
     while queue or in_flight:
         while idle and queue:
-            cand = queue.pop(0)
+            # the first in order whose shared intermediate no build in flight is making (else it would be made twice)
+            cand = next((c for c in queue if not c.shares or c.shares not in making), None)
+            if cand is None:
+                break
+            queue.remove(cand)
             if cand.name not in exempt and over_time():
                 results[cand.name] = result_of(cand, "skipped", TIME_CAP_REASON)
                 continue
@@ -460,10 +467,13 @@ def _build_all(
             missing = {rel: ref for rel, ref in store.items() if rel not in has[w]}
             has[w] |= set(missing)
             in_flight[cl.actors[w].build.remote(cand.name, missing)] = (w, cand)
+            if cand.shares:
+                making.add(cand.shares)
         if not in_flight:
             break
         done, _ = ray.wait(list(in_flight), num_returns=1)
         w, cand = in_flight.pop(done[0])
+        making.discard(cand.shares)
         try:
             rep: BuildReport = ray.get(done[0])
         except ray.exceptions.RayActorError as exc:  # the worker died (its node, or the build crashed it)

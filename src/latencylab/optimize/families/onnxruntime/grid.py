@@ -86,7 +86,19 @@ def candidate_from_params(name: str, family: str, params: Mapping[str, Any], des
         return build_runner(ctx, frozen, name)
 
     policy = shapes.normalise(frozen.get("shape_policy"))
-    return Candidate(name, family, BACKEND, frozen, build, _skip(frozen), description, input_policy=policy)
+    return Candidate(name, family, BACKEND, frozen, build, _skip(frozen), description, input_policy=policy,
+                     shares=_shares(frozen))  # fmt: skip
+
+
+def _shares(params: Mapping[str, Any]) -> str:
+    """The intermediate a candidate's build makes for others (:attr:`Candidate.shares`): a sensitivity
+    fallback's ranking (one per source graph and quantisation recipe, whatever K), else none."""
+    q = params.get("quantization") or {}
+    fb = q.get("fallback") or {}
+    if fb.get("policy") != "sensitivity":
+        return ""
+    recipe = {k: q.get(k) for k in ("mode", "weight_type", "per_channel", "reduce_range")}
+    return "ort-sensitivity:" + json.dumps([params.get("source", "fp32"), recipe, fb.get("feeds")], sort_keys=True)
 
 
 def _dyn(
