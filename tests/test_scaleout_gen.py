@@ -80,12 +80,15 @@ def test_a_streamed_answer_comes_through_the_proxy_as_events(served: tuple[str, 
 
 def test_cluster_metrics_hold_both_gen_replicas(served: tuple[str, ReplicaOptions]) -> None:
     import time
+    from concurrent.futures import ThreadPoolExecutor
 
     from prometheus_client.parser import text_string_to_metric_families
 
     url, _ = served
-    for _ in range(8):
-        post(url, "/v1/completions", {"model": "gen", "prompt": "x", "max_tokens": 3})
+    # 24 at once: the proxy's node's replica takes 8 (max_ongoing_requests), the rest spill over to the other
+    with ThreadPoolExecutor(24) as pool:
+        list(pool.map(lambda _: post(url, "/v1/completions", {"model": "gen", "prompt": "x", "max_tokens": 50}),
+                      range(24)))  # fmt: skip
     time.sleep(1.5)  # every replica pushes its exposition each 0.5 s
     status, raw = get(url, "/metrics/cluster")
     assert status == 200
