@@ -8,7 +8,8 @@ and the latency and shed per 5-s window.
   adds and removes replicas, what the clients see meanwhile), not a model's capacity.
 * Deployment: ``--autoscale 1:MAX`` (``--max-replicas``, 3), 1 initial replica, the SLO-pressure policy at its
   default target 0.5, ``upscale_delay_s`` 5, ``downscale_delay_s`` 30, pressure averaged over 5 s.
-* Load: Poisson steps (``--steps``, rate:seconds, default 20:15,45:15,70:20,110:20,30:15), then idle for
+* Load: Poisson steps (``--steps``, rate:seconds, default 20:15,45:15,70:20,110:20,30:15), every request with a
+  deadline of the SLO (``x-latencylab-deadline-ms``: admission refuses what it predicts past it), then idle for
   ``--idle`` seconds while the replica count is watched, from a generator in this process.
 * Printed: every change of the replica count (seconds since the load started, from -> to); per 5-s window the
   intended rate, sent, ok, shed, p50/p99 of the answered, and the replica count at the window's end.
@@ -102,7 +103,9 @@ def main() -> int:
 
         th = threading.Thread(target=watch, daemon=True)
         th.start()
-        res, rec = load_test(url, infer_path("fake"), payloads, sched, LoadConfig(duration_s=None, timeout_s=10.0))
+        deadline = {"x-latencylab-deadline-ms": f"{args.slo_ms:g}"}  # admission refuses what would miss it
+        res, rec = load_test(url, infer_path("fake"), payloads, sched,
+                             LoadConfig(duration_s=None, timeout_s=10.0, headers=deadline))  # fmt: skip
         load_end = time.monotonic() - t_load
         deadline = time.monotonic() + args.idle
         while time.monotonic() < deadline and (not counts or counts[-1][1] > 1):
