@@ -20,7 +20,14 @@ No time cap (``time_budget_s=None``) in either run, so both build every candidat
 one-process search leaves one vCPU idle during its builds (1 thread); the Ray run uses both: the ceiling is 2x
 on the build phase, less on the wall time (the timing rounds stay serial on one node).
 
-    /tmp/lbench .venv/bin/python benchmarks/optimize_ray.py [--workload text] [--only A,B] [--rounds 3]
+    /tmp/lbench .venv/bin/python benchmarks/optimize_ray.py [--workload text] [--only A,B] [--rounds 5]
+    .venv/bin/python benchmarks/optimize_ray.py --simulate RESULT.json   # the build phase at 1..100 workers
+
+``--simulate`` replays the hand-out of ``search_on_ray`` (``_build_all``: candidates in the search's order, each to
+the first free worker, a candidate whose shared intermediate is being made held back until it is made) with the
+one-process run's build times from a ``--json`` file of this script, at 1, 2, 4, 10 and 100 workers, plus the
+driver's own builds (the torch family) beside them: what the build phase would be with that many nodes, shipping
+left out (at 1 GB/s, the text search's ~1 GB adds about a second).
 """
 
 from __future__ import annotations
@@ -61,8 +68,44 @@ def optimize(args: argparse.Namespace, out: Path, *extra: str) -> tuple[dict[str
     return json.loads(out.read_text()), time.perf_counter() - t0
 
 
+def simulate(doc: dict[str, Any], workers: int) -> float:
+    """The build phase (s) of ``doc``'s candidates (the one-process run's build times) with ``workers`` Ray
+    workers, the torch family in the driver beside them: ``search_on_ray``'s hand-out, event by event."""
+    built = [c for c in doc["candidates"] if c.get("build_s") is not None]
+    here = sum(c["build_s"] for c in built if c["backend"] != "onnxruntime")
+    queue = [c for c in built if c["backend"] == "onnxruntime"]
+    idle, now, end = workers, 0.0, 0.0
+    running: list[tuple[float, str]] = []  # (end time, shared intermediate)
+    making: set[str] = set()
+    while queue or running:
+        while idle:
+            c = next((c for c in queue if not _shares(c) or _shares(c) not in making), None)
+            if c is None:
+                break
+            queue.remove(c)
+            idle -= 1
+            running.append((now + c["build_s"], _shares(c)))
+            if _shares(c):
+                making.add(_shares(c))
+        running.sort()
+        now, key = running.pop(0)
+        making.discard(key)
+        idle += 1
+        end = now
+    return max(end, here)
+
+
+def _shares(c: dict[str, Any]) -> str:
+    q = (c.get("params") or {}).get("quantization") or {}
+    fb = q.get("fallback") or {}
+    if fb.get("policy") != "sensitivity":
+        return ""
+    return json.dumps([(c.get("params") or {}).get("source"), q.get("per_channel"), q.get("weight_type")])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--simulate", metavar="RESULT.json", help="replay the hand-out over 1..100 workers (see above)")
     ap.add_argument("--workload", default="text", choices=["text", "vision"])
     ap.add_argument("--only", default="", help="comma-separated candidates (default: the whole search)")
     ap.add_argument("--rounds", type=int, default=5)
@@ -70,6 +113,15 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.simulate:
+        doc = json.loads(Path(args.simulate).read_text())["one"]
+        total = sum(c["build_s"] or 0 for c in doc["candidates"])
+        base = (doc["summary"].get("phases") or {}).get("build_s") or total
+        print(f"one process: build phase {base:.1f} s; sum of builds {total:.1f} s")
+        for w in (1, 2, 4, 10, 100):
+            t = simulate(doc, w)
+            print(f"{w:4d} workers + the driver: {t:6.1f} s ({base / t:.2f}x), start-up and opening left out")
+        return 0
     print(f"# optimize_ray: {args.workload}, {args.threads} thread(s), {args.nodes} nodes; "
           f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}", flush=True)  # fmt: skip
     from ray.cluster_utils import Cluster

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import platform
 import threading
 import time
@@ -73,14 +74,20 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=60.0)
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--even", action="store_true",
+                    help="start the cluster with RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING=0 (the proxy's router "
+                    "without its preference for its own node's replicas)")  # fmt: skip
     args = ap.parse_args()
+    if args.even:
+        os.environ["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"  # inherited by the cluster's processes
     import ray
     from ray.cluster_utils import Cluster
 
     steps = [Step(float(d), float(r)) for r, d in (x.split(":") for x in args.steps.split(","))]
     sched = Schedule(steps, seed=7)
     print(f"# serve_ray_autoscale: cost {args.cost_ms:g} ms, SLO {args.slo_ms:g} ms, autoscale 1:{args.max_replicas},"
-          f" steps {args.steps}; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}", flush=True)  # fmt: skip
+          f" steps {args.steps}, even routing {args.even}; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}",
+          flush=True)  # fmt: skip
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     c.add_node(num_cpus=2)
     ray.init(address=c.address, include_dashboard=False, log_to_driver=False, namespace="latencylab")
@@ -105,7 +112,7 @@ def main() -> int:
         th.start()
         deadline = {"x-latencylab-deadline-ms": f"{args.slo_ms:g}"}  # admission refuses what would miss it
         res, rec = load_test(url, infer_path("fake"), payloads, sched,
-                             LoadConfig(duration_s=None, timeout_s=10.0, headers=deadline))  # fmt: skip
+                             LoadConfig(duration_s=sched.duration_s, timeout_s=10.0, headers=deadline))  # fmt: skip
         load_end = time.monotonic() - t_load
         deadline = time.monotonic() + args.idle
         while time.monotonic() < deadline and (not counts or counts[-1][1] > 1):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -404,6 +405,11 @@ def deploy(cfg: Any, opts: ReplicaOptions, address: str | None = None, factory: 
     import ray
 
     if not ray.is_initialized():
+        if not address and not os.environ.get("RAY_ADDRESS"):
+            # a Ray instance started here: its proxy routes without the preference for its own node's replicas,
+            # which left added replicas idle while the first one shed (docs/benchmarks/scaleout.md, autoscaling);
+            # a user's own setting wins, and a running cluster keeps the environment it was started with
+            os.environ.setdefault("RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING", "0")
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
                  namespace=opts.app_name)  # fmt: skip
     http: dict[str, Any] = {"host": opts.host, "port": opts.port}
