@@ -453,17 +453,9 @@ def test_options_that_would_be_ignored_are_refused(
 def test_a_graph_with_unnamed_nodes_gets_its_fallback_recipes(tmp_path: Path) -> None:
     """The quantiser keeps nodes in float by name: an export names the unnamed ones (it once failed the fallback
     recipes of such a graph with "unknown node(s) ['<unnamed node 0>', ...]")."""
-    rng = np.random.default_rng(0)
-    nodes, inits, x = [], [], "x"
-    for i in range(4):
-        inits.append(onnx.numpy_helper.from_array((rng.standard_normal((16, 16)) / 4).astype(np.float32), f"W{i}"))
-        nodes += [helper.make_node("MatMul", [x, f"W{i}"], [f"h{i}"]), helper.make_node("Relu", [f"h{i}"], [f"r{i}"])]
-        x = f"r{i}"
-    graph = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", 16])], inits)  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(tmp_path / "deep.onnx"))
+    from onnx_models import deep_mlp
+
+    deep_mlp(tmp_path / "deep.onnx", layers=4)
     cfg = LabConfig(workload="onnx", model_path=str(tmp_path / "deep.onnx"), only=("ort-int8-dynamic-fallback-k2",),
                     rounds=2)  # fmt: skip
     doc = run_lab(cfg, workdir=tmp_path / "work")

@@ -20,6 +20,7 @@ from latencylab.cli import main
 from latencylab.optimize.lab import LabConfig, lab_candidates, make_context, prepare_context, run_lab
 from latencylab.optimize.search import Budget
 from latencylab.scaleout.optimize_ray import BuildCluster, search_on_ray
+from onnx_models import deep_mlp
 
 pytestmark = pytest.mark.slow
 ONLY = ("ort-fp32", "ort-int8-dynamic-perchannel", "ort-int8-static-minmax", "torch-int8-dynamic")
@@ -69,29 +70,9 @@ def test_builds_spread_over_both_nodes_and_agree_with_one_process(cluster: str, 
         assert Path(doc["artifact"]).exists() and json.loads(Path(doc["recipe"]).read_text())["candidate"]
 
 
-def _deep_mlp(path: Path, layers: int = 6) -> Path:
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper
-
-    rng = np.random.default_rng(0)
-    nodes, inits, x = [], [], "x"
-    for i in range(layers):
-        w = rng.standard_normal((16, 16)).astype(np.float32) / 4
-        inits.append(onnx.numpy_helper.from_array(w, f"W{i}"))
-        nodes += [helper.make_node("MatMul", [x, f"W{i}"], [f"h{i}"]), helper.make_node("Relu", [f"h{i}"], [f"r{i}"])]
-        x = f"r{i}"
-    graph = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", 16])], inits)  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
-
-
 def test_fallbacks_sharing_a_ranking_build_one_after_the_other(cluster: str, tmp_path: Path) -> None:
     only = ("ort-int8-dynamic-fallback-k2", "ort-int8-dynamic-fallback-k4")
-    model = str(_deep_mlp(tmp_path / "deep.onnx"))
+    model = str(deep_mlp(tmp_path / "deep.onnx"))
     one = run_lab(LabConfig(workload="onnx", model_path=model, only=only, rounds=2, time_budget_s=None),
                   workdir=tmp_path / "one")  # fmt: skip
     cfg = LabConfig(workload="onnx", model_path=model, only=only, rounds=2, time_budget_s=None, ray="", workers=2)

@@ -125,18 +125,13 @@ def _ray() -> Any:
 
 
 def feeds_digest(sets: dict[str, list[Feed]]) -> str:
-    """sha256 over every held-out feed of every set (names, dtypes, shapes, bytes)."""
+    """sha256 over every held-out feed of every set (set names, then each feed's names, dtypes, shapes, bytes)."""
     import hashlib
 
-    h = hashlib.sha256()
-    for name, feeds in sets.items():
-        h.update(name.encode())
-        for feed in feeds:
-            for key in sorted(feed):
-                a = np.ascontiguousarray(feed[key])
-                h.update(f"{key}:{a.dtype}:{a.shape}".encode())
-                h.update(a.tobytes())
-    return h.hexdigest()
+    from latencylab.optimize.families.onnxruntime.common import _feeds_digest
+
+    joined = "|".join(f"{name}:{_feeds_digest(feeds)}" for name, feeds in sets.items())
+    return hashlib.sha256(joined.encode()).hexdigest()
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -381,6 +376,7 @@ def search_on_ray(
     cl = cluster or BuildCluster(int(cfg.workers), cfg.ray or None, cpus=float(cfg.threads))
     startup_s = build_phase_s = 0.0
     reports: dict[str, BuildReport] = {}
+    timing = {"host": socket.gethostname(), "node_id": _node_id(), "pid": os.getpid()}
     t_builds = time.perf_counter()
     worker.start()
     try:
@@ -390,6 +386,7 @@ def search_on_ray(
             t_up = time.perf_counter()
             cl.open(cfg, budget.text, added_files(ctx.workdir, {}))
             startup_s = time.perf_counter() - t_up
+            timing["node_id"] = _node_id()  # while Ray is up (closed before the timing rounds when started here)
             try:
                 reports, build_phase_s = _build_all(ctx, cl, shipped, exempt, over_time, results, progress)
             finally:
@@ -413,13 +410,13 @@ def search_on_ray(
             "shipped_bytes": sum(len(b) for b in rep.files.values()), **opened.get(name, {}),
         }  # fmt: skip
     for name, (_, _, build_s, _) in local.built.items():
-        per[name] = {"worker": None, "host": socket.gethostname(), "node_id": _node_id(), "build_s": build_s,
+        per[name] = {"worker": None, "host": timing["host"], "node_id": timing["node_id"], "build_s": build_s,
                      "shipped_bytes": 0, **opened.get(name, {})}  # fmt: skip
     dist = {
         "workers": cl.workers,
         "address": cfg.ray or None,
         "builders": cl.where,
-        "timing_node": {"host": socket.gethostname(), "node_id": _node_id(), "pid": os.getpid()},
+        "timing_node": timing,
         "startup_s": startup_s,  # the workers placed and their workload opened
         "build_phase_s": build_phase_s,  # the first hand-out -> the last report
         "local_phase_s": local.span_s,  # the driver's own builds (not shippable), beside the workers'
