@@ -33,6 +33,7 @@ from latencylab.load.runner import load_test
 from latencylab.scaleout.serve_ray import ReplicaOptions, deploy, replica_count, shutdown
 from latencylab.serve.config import ModelConfig, ServerConfig
 from ports import free_port
+from ray_cluster import local_cluster
 
 pytestmark = pytest.mark.slow
 TESTS = str(Path(__file__).parent)
@@ -43,18 +44,9 @@ CFG = ServerConfig(
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    import ray
-    from ray.cluster_utils import Cluster
-
     # logical CPUs: 3 replicas of 1 Ray CPU fit (they sleep: the 2 vCPUs are not what limits them)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    c.add_node(num_cpus=2)
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, namespace="latencylab")
-    try:
+    with local_cluster(cpus_per_node=2, namespace="latencylab"):
         yield
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 @contextlib.contextmanager
@@ -91,8 +83,10 @@ def test_replicas_follow_the_slo_pressure_up_and_back_down(served: tuple[str, Re
     watcher.start()
     try:
         # 80/s against one replica's 50/s: it sheds and predicts answers past its SLO until a second one starts
+        t_load = time.monotonic()
         res, rec = load_test(url, infer_path("fake"), payloads, Poisson(80.0, seed=1),
                              LoadConfig(duration_s=25.0, timeout_s=10.0))  # fmt: skip
+        load_s = time.monotonic() - t_load
         peak = max(n for _, n in counts)
         deadline = time.monotonic() + 60
         while replica_count(opts) > 1 and time.monotonic() < deadline:  # idle: back to the minimum
@@ -106,7 +100,9 @@ def test_replicas_follow_the_slo_pressure_up_and_back_down(served: tuple[str, Re
     assert peak >= 2, counts  # it scaled up under the load
     assert final == 1, counts  # and back down once idle
     up = next(t for t, n in counts if n >= 2)
-    assert up < 25.0, counts  # while the load ran
+    # driven by the load: while it ran, or within the guard's 10-s window of it (what a busy machine's slower
+    # replica start may need), not by time alone
+    assert up < load_s + 10.0, (load_s, counts)
 
 
 def _retries(url: str) -> dict[str, float]:

@@ -22,6 +22,7 @@ from latencylab.genserve.server import serve_in_thread
 from latencylab.genserve.service import GenServeConfig
 from latencylab.scaleout.serve_ray import ReplicaOptions, deploy, handle, shutdown
 from ports import free_port
+from ray_cluster import local_cluster
 
 pytestmark = pytest.mark.slow
 TESTS = str(Path(__file__).parent)
@@ -29,20 +30,13 @@ TESTS = str(Path(__file__).parent)
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[str, ReplicaOptions]]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    c.add_node(num_cpus=1)
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, namespace="latencylab")
     opts = ReplicaOptions(replicas=2, num_cpus=1, port=free_port(), push_s=0.5,
                           runtime_env={"env_vars": {"PYTHONPATH": TESTS}}, request_timeout_s=30.0)  # fmt: skip
-    try:
-        yield deploy(GenServeConfig(), opts, factory="genserve_servers:fake_service"), opts
-    finally:
-        shutdown(opts)
-        ray.shutdown()
-        c.shutdown()
+    with local_cluster(cpus_per_node=1, namespace="latencylab"):  # one replica a node
+        try:
+            yield deploy(GenServeConfig(), opts, factory="genserve_servers:fake_service"), opts
+        finally:
+            shutdown(opts)
 
 
 def test_two_gen_replicas_answer_as_one_server(served: tuple[str, ReplicaOptions]) -> None:

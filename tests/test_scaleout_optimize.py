@@ -21,6 +21,7 @@ from latencylab.optimize.lab import LabConfig, lab_candidates, make_context, pre
 from latencylab.optimize.search import Budget
 from latencylab.scaleout.optimize_ray import BuildCluster, search_on_ray
 from onnx_models import deep_mlp
+from ray_cluster import local_cluster
 
 pytestmark = pytest.mark.slow
 ONLY = ("ort-fp32", "ort-int8-dynamic-perchannel", "ort-int8-static-minmax", "torch-int8-dynamic")
@@ -28,17 +29,8 @@ ONLY = ("ort-fp32", "ort-int8-dynamic-perchannel", "ort-int8-static-minmax", "to
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    c.add_node(num_cpus=1)
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    try:
-        yield c.address
-    finally:
-        ray.shutdown()
-        c.shutdown()
+    with local_cluster(cpus_per_node=1) as address:  # one build worker a node
+        yield address
 
 
 def _fidelity(doc: dict) -> dict:  # type: ignore[type-arg]

@@ -292,8 +292,9 @@ class OipReplica(PushedMetrics):
     def exposition(self) -> str:
         return self.state.metrics.exposition().decode() + self._retry_text()
 
-    def record_autoscaling_stats(self) -> dict[str, float]:
-        """Ray Serve's custom autoscaling metric: this replica's SLO pressure (scaleout/autoscale.py)."""
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's custom autoscaling metric: this replica's SLO pressure (scaleout/autoscale.py). Async, so
+        that Ray runs it on the replica's event loop, the batchers' own: it reads their queues without a race."""
         from latencylab.scaleout.autoscale import PRESSURE, replica_pressure
 
         return {PRESSURE: replica_pressure(self.state)}
