@@ -11,7 +11,7 @@ import pytest
 from fake_variants import admission_state
 from latencylab.cli import main
 from latencylab.clock import FakeClock
-from latencylab.scaleout.autoscale import PRESSURE, SloPressure, desired, replica_pressure
+from latencylab.scaleout.autoscale import FLOOR, PRESSURE, SloPressure, desired, replica_pressure, replica_stats
 from latencylab.scaleout.serve_ray import ReplicaOptions, autoscaling_config
 
 
@@ -27,13 +27,19 @@ def test_pressure_is_the_worse_of_predicted_latency_and_window_p99_over_the_slo(
         svc.guard.observe(0, 90e6, probe=False)
     assert replica_pressure(state) == pytest.approx(svc.guard.window_quantile(0) / 30, rel=1e-6)
     assert replica_pressure(state) > 2.9
+    assert replica_stats(state)[FLOOR] == pytest.approx(predicted_ms / 30)  # the floor: one request, idle
     clock.advance(60e9)  # the window has passed: back to the prediction
     assert replica_pressure(state) == pytest.approx(predicted_ms / 30)
+    idle_stats = replica_stats(state)  # idle: all of the pressure is the floor, none of it is wait
+    assert idle_stats[FLOOR] == pytest.approx(idle_stats[PRESSURE]) and idle_stats[FLOOR] > 1
 
 
-def _ctx(running: int, per: dict[str, float] | None) -> SimpleNamespace:
+def _ctx(running: int, per: dict[str, float] | None, floors: dict[str, float] | None = None) -> SimpleNamespace:
+    metrics: dict[str, dict[str, float]] = {} if per is None else {PRESSURE: per}
+    if floors is not None:
+        metrics[FLOOR] = floors
     return SimpleNamespace(current_num_replicas=running, target_num_replicas=running, policy_state={},
-                           aggregated_metrics={PRESSURE: per} if per is not None else {})  # fmt: skip
+                           aggregated_metrics=metrics)  # fmt: skip
 
 
 def test_the_policy_holds_the_mean_pressure_at_its_target() -> None:
@@ -48,6 +54,20 @@ def test_the_policy_holds_the_mean_pressure_at_its_target() -> None:
     assert desired(2, float("inf"), 0.5) == 4
     with pytest.raises(ValueError):
         SloPressure(target=0.0)
+
+
+def test_the_floor_does_not_hold_idle_replicas() -> None:
+    pol = SloPressure(target=0.5)
+    # two idle replicas of a model costing 0.3 of its SLO: no wait, so one is enough (without the floor: 2)
+    assert pol(_ctx(2, {"a": 0.3, "b": 0.3}, {"a": 0.3, "b": 0.3}))[0] == 1
+    assert pol(_ctx(2, {"a": 0.3, "b": 0.3}))[0] == 2  # a replica that reports no floor: all of it is wait
+    # one overloaded replica, pressure 1.0, floor 0.2: a wait of 0.8 spread until 0.2 + wait = 0.5 -> 3 replicas
+    n, state = pol(_ctx(1, {"a": 1.0}, {"a": 0.2}))
+    assert n == 3 and state["slo_floor"] == pytest.approx(0.2)
+    # a floor at or past the target keeps a fifth of the target as room: it scales on the wait alone
+    assert pol(_ctx(2, {"a": 0.8, "b": 0.8}, {"a": 0.8, "b": 0.8}))[0] == 1
+    assert pol(_ctx(2, {"a": 1.2, "b": 1.2}, {"a": 0.8, "b": 0.8}))[0] == 8
+    assert desired(3, 0.5, 0.5, floor=0.3) == 3  # at the target: stay
 
 
 def test_the_autoscaling_config_names_the_policy_and_the_bounds() -> None:

@@ -295,9 +295,9 @@ class OipReplica(PushedMetrics):
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray Serve's custom autoscaling metric: this replica's SLO pressure (scaleout/autoscale.py). Async, so
         that Ray runs it on the replica's event loop, the batchers' own: it reads their queues without a race."""
-        from latencylab.scaleout.autoscale import PRESSURE, replica_pressure
+        from latencylab.scaleout.autoscale import replica_stats
 
-        return {PRESSURE: replica_pressure(self.state)}
+        return replica_stats(self.state)
 
     def pid(self) -> int:
         """This replica's process (a test kills one)."""

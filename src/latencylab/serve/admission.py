@@ -146,6 +146,13 @@ class Admission:
         seconds = wait + full_batches * self.model.predict(self.max_batch) + self.model.predict(own)
         return now + int(seconds * 1e9)
 
+    def own_cost_s(self) -> float:
+        """The predicted compute (s) of a request on an idle server: the floor of ``predicted_finish_ns - now``,
+        which no number of replicas lowers (the autoscaling pressure's floor, scaleout/autoscale.py)."""
+        if self._bucket_of is not None:
+            return self.predict(self._cheapest_bucket(), 1)
+        return self.model.predict(1)
+
     def _remaining(self, now: int) -> list[float]:
         out = []
         for start, predicted in self._running.values():
