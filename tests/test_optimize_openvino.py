@@ -47,8 +47,10 @@ def _by_name(ctx: BuildContext) -> dict[str, Candidate]:
 def test_every_candidate_runs_close_to_fp32(ctx: BuildContext) -> None:
     feeds = ctx.all_feeds()
     ref = ctx.adapter.reference(feeds)  # type: ignore[attr-defined]
-    cands = fam.candidates(ctx)
+    cands = fam.grid_candidates(ctx)  # the length-routed pairs: tests/test_optimize_routed.py
     assert len({c.name for c in cands}) == len(cands) == 9
+    assert {c.name for c in fam.candidates(ctx)} - {c.name for c in cands} == {
+        "route-ort-ov-int8", "route-ort-ov-int8-fallback-k2"}  # fmt: skip
     for c in cands:
         if (c.params["quantization"] or {}).get("mode") == "ptq-ac":
             continue  # NNCF's accuracy-control loop: tests/test_optimize_openvino_ac.py

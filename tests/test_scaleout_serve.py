@@ -152,13 +152,16 @@ def test_a_replica_killed_under_load_loses_no_request_silently(served: tuple[str
     timer = threading.Timer(1.5, os.kill, (victim, signal.SIGKILL))
     timer.start()
     try:
-        res, rec = load_test(url, infer_path("fake"), payloads, Poisson(60.0, seed=3), LoadConfig(duration_s=4.0,
+        res, rec = load_test(url, infer_path("fake"), payloads, Poisson(60.0, seed=3), LoadConfig(duration_s=6.0,
                              timeout_s=10.0))  # fmt: skip
     finally:
         timer.cancel()
     s = res.summary
     assert s["sent"] == s["ok"] + s["shed"] + s["error"] == rec.n  # every request has an outcome
-    assert s["ok"] > 0.5 * s["sent"]  # the other replica kept answering
+    # the other replica took over: of the requests meant for the last 1.5 s (3 s after the kill; a busy machine
+    # takes Ray longer to route around the dead replica, so not a share of the whole run), most were answered
+    late = rec.intended_ns >= 4.5e9
+    assert late.sum() > 0 and (rec.outcome[late] == 0).mean() >= 0.8, (s, int(late.sum()))
     # every failure is an explicit answer (an HTTP status from the proxy), none a timeout or a lost connection
     assert all(k.startswith("HTTP ") for k in s["errors_by_reason"]), s["errors_by_reason"]
     assert set(rec.status[rec.outcome != 0].tolist()) <= {408, 500, 502, 503}  # 408: the proxy's timeout

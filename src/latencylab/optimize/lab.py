@@ -94,6 +94,7 @@ PRIORITY = (
     "ort-int8-dynamic-perchannel",
     "ort-int8-dynamic-fused-perchannel",
     "ort-fp32",
+    "route-ort-ov-int8",  # with --families ...,openvino: the length-routed pairs of the INT8 recipes above
     "ort-int8-dynamic-default",
     "torch-int8-dynamic",
     "ort-int8-dynamic-fused",
@@ -354,6 +355,8 @@ def _twins(recipe: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _family_of(backend: str) -> str:
+    if backend == "routed":  # the length-routed ONNX Runtime / OpenVINO pairs: listed by the openvino family
+        return "openvino"
     return backend if backend in FAMILIES else "torch"  # torch-compile etc. are the torch family's
 
 

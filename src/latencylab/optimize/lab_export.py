@@ -67,7 +67,16 @@ def check_writable(path: str | Path, what: str, is_dir: bool) -> None:
 
 
 # what run_lab writes into --out (model.xml + model.bin: an OpenVINO IR; model.so: a TVM library)
-OUT_FILES = ("model.onnx", "model.pt", "model.xml", "model.bin", "model.so", "recipe.json", "optimize.json")
+OUT_FILES = (
+    "model.onnx",
+    "model.pt",
+    "model.xml",
+    "model.bin",
+    "model.so",
+    "route.json",
+    "recipe.json",
+    "optimize.json",
+)
 RUNGS_DIR = "rungs"  # and rungs/<candidate>.onnx
 
 

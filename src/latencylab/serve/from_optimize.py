@@ -20,7 +20,8 @@ built-in ONNX rungs (:class:`~latencylab.serve.ort_text.OrtTextVariant` for text
 for vision: the digits JPEG preprocessing, ``pixels`` float32 -> ``logits``), at the graph optimisation level
 the search measured it at. Versions are the candidates' names. A choice exported as OpenVINO IR (``model.xml``:
 the search chose an OpenVINO candidate) is served by OpenVINO instead (:mod:`latencylab.serve.ov_runner`), at the
-inference precision the IR records.
+inference precision the IR records; a length-routed choice (``route.json``) by both, split at its width
+(:mod:`latencylab.serve.routed`).
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ def _p50(c: Mapping[str, Any] | None) -> float | None:
 
 def _is_int8(c: Mapping[str, Any]) -> bool:
     params = c.get("params") or {}
+    if isinstance(params, Mapping) and isinstance(params.get("short"), Mapping):  # a length-routed pair
+        return all(_is_int8({"params": params.get(m)}) for m in ("short", "long"))
     return isinstance(params, Mapping) and params.get("quantization") is not None
 
 
@@ -201,6 +204,11 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 def check_interface(path: Path, workload: str) -> None:
     """Raise a LatencyLabError unless the ONNX file (or OpenVINO IR) at ``path`` has the workload's serving
     interface."""
+    if Path(path).suffix == ".json":  # a length-routed pair (serve/routed.py)
+        from latencylab.serve.routed import check_route_interface
+
+        check_route_interface(Path(path), workload)
+        return
     if Path(path).suffix == ".xml":  # an OpenVINO IR (serve/ov_runner.py)
         from latencylab.serve.ov_runner import OvModel, check_ov_interface
 
@@ -266,9 +274,9 @@ def _plan(root: Path, recipe: dict[str, Any]) -> Plan:
     artifact = recipe.get("artifact")
     if not chosen or not artifact:
         raise LatencyLabError(f"{where}: the search exported no artifact for its choice {chosen or '(none)'}")
-    if not str(artifact).endswith((".onnx", ".xml")):
+    if not str(artifact).endswith((".onnx", ".xml", "route.json")):
         raise LatencyLabError(
-            f"{where}: the choice {chosen} is {artifact}, not ONNX or OpenVINO IR: only those can be served "
+            f"{where}: the choice {chosen} is {artifact}, not ONNX, OpenVINO IR or a route: only those can be served "
             "(optimize with --families onnxruntime to choose among ONNX Runtime candidates)"
         )
     if not (root / artifact).is_file():
@@ -346,6 +354,8 @@ def _plan(root: Path, recipe: dict[str, Any]) -> Plan:
 def _rung(role: str, name: str, c: Mapping[str, Any], artifact: str) -> Rung:
     fid = c.get("fidelity") or {}
     params = c.get("params") or {}
+    short = params.get("short")
+    onnx_params: Mapping[str, Any] = short if isinstance(short, Mapping) else params  # a routed pair: its ONNX member
     p99 = c.get("p99_ms")
     return Rung(
         role=role,
@@ -356,7 +366,7 @@ def _rung(role: str, name: str, c: Mapping[str, Any], artifact: str) -> Rung:
         p99_ms=float(p99) if isinstance(p99, int | float) else None,
         fidelity={k: fid.get(k) for k in _FIDELITY if fid.get(k) is not None},
         int8=_is_int8(c),
-        graph=str(params.get("graph_optimization") or "all"),
+        graph=str(onnx_params.get("graph_optimization") or "all"),
         input_policy=str(c.get("input_policy") or params.get("shape_policy") or "as-given"),
     )
 
@@ -389,7 +399,16 @@ def plan_variants(plan: Plan, names: Sequence[str], max_batch_size: int, device:
         path = plan.source / r.artifact
         desc = f"{r.candidate} from {plan.source} ({r.role} rung of the search's ladder)"
         v: Any
-        if r.artifact.endswith(".xml"):  # an OpenVINO IR: served by OpenVINO, as the search measured it
+        if r.artifact.endswith("route.json"):  # ONNX Runtime below the route's width, OpenVINO from it
+            import torch
+
+            from latencylab.serve.routed import RoutedTextVariant
+
+            if plan.workload != "text":
+                raise LatencyLabError(f"{path}: a length-routed variant serves text only")
+            v = RoutedTextVariant(r.candidate, r.role, tok, path, threads=torch.get_num_threads(),
+                                  graph=r.graph, max_batch_size=max_batch_size, description=desc)  # fmt: skip
+        elif r.artifact.endswith(".xml"):  # an OpenVINO IR: served by OpenVINO, as the search measured it
             import torch
 
             from latencylab.serve.ov_runner import OvTextVariant, OvVisionVariant

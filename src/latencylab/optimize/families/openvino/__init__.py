@@ -12,7 +12,9 @@
 * NNCF's accuracy-control loop (``quantize_with_accuracy_control``) within latencylab's own fidelity budget,
   validated on held-out feeds only (``ov-int8-ac``, ``ov-int8-transformer-ac``; :mod:`.accuracy`);
 * weight-only INT8 (``nncf.compress_weights``, ``ov-int8-weights``; the CPU plugin then quantises the activations
-  on the fly, so its arithmetic is INT8 too).
+  on the fly, so its arithmetic is INT8 too);
+* length-routed pairs (``route-*``, :mod:`latencylab.optimize.families.routed`): an ONNX Runtime INT8 candidate
+  for short inputs, OpenVINO's transformer INT8 from a crossover length measured at build time.
 
 Thread settings equal the other families' (one stream, ``ctx.threads`` threads, the latency hint: see
 :mod:`.common`). A candidate's ``params`` are its whole recipe; :func:`candidate_from_params` rebuilds it. The
@@ -23,9 +25,19 @@ serves (:mod:`latencylab.serve.ov_runner`).
 from __future__ import annotations
 
 from latencylab.optimize.families.openvino.common import BACKEND, compile_config, compile_model, save_ir
-from latencylab.optimize.families.openvino.grid import build_runner, candidate_from_params, candidates, load_ir
+from latencylab.optimize.families.openvino.grid import build_runner, candidate_from_params, load_ir
+from latencylab.optimize.families.openvino.grid import candidates as grid_candidates
 from latencylab.optimize.families.openvino.runner import OvRunner
 from latencylab.optimize.families.static_shapes import MAX_STATIC_SHAPES
+from latencylab.optimize.types import BuildContext, Candidate
+
+
+def candidates(ctx: BuildContext) -> list[Candidate]:
+    """The OpenVINO grid, then the length-routed ONNX Runtime / OpenVINO pairs."""
+    from latencylab.optimize.families import routed
+
+    return [*grid_candidates(ctx), *routed.candidates(ctx)]
+
 
 __all__ = [
     "BACKEND",
@@ -36,6 +48,7 @@ __all__ = [
     "candidates",
     "compile_config",
     "compile_model",
+    "grid_candidates",
     "load_ir",
     "save_ir",
 ]
