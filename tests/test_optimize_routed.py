@@ -18,7 +18,8 @@ pytest.importorskip("onnx")
 
 from starlette.testclient import TestClient
 
-from latencylab.errors import LatencyLabError
+from latencylab.clock import FakeClock
+from latencylab.errors import LatencyLabError, NotApplicable
 from latencylab.optimize.families import openvino as fam
 from latencylab.optimize.families import routed
 from latencylab.optimize.lab import _family_of
@@ -107,13 +108,47 @@ def test_each_feed_runs_on_the_member_its_width_picks(ctx: BuildContext) -> None
         routed.build_runner(ctx, cand.params | {"at": 0}, "route-bad")
 
 
+class _Costed:
+    """A real member whose calls the FakeClock sees cost ``fixed + per_position x width`` ms (a known curve)."""
+
+    def __init__(self, runner: Any, clock: FakeClock, fixed_ms: float, per_position_ms: float) -> None:
+        self.runner, self.clock, self.fixed, self.per = runner, clock, fixed_ms, per_position_ms
+
+    def run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        self.clock.advance((self.fixed + self.per * (routed.width(feed) or 0)) * 1e6)
+        return self.runner.run(feed)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
 def test_auto_measures_the_crossover_on_calibration_widths(ctx: BuildContext) -> None:
-    runner = _pair(ctx).build(ctx)
+    members = routed.build_runner(ctx, _pair(ctx, 10).params)
+    clock = FakeClock()
+    # short: 0.5 ms + 0.1 ms a position; long: 2 ms + 0.05 ms a position: the long one wins past 30 positions
+    short, long = _Costed(members.short, clock, 0.5, 0.1), _Costed(members.long, clock, 2.0, 0.05)
+    got = routed.measure_crossover(short, long, ctx.adapter.calibration(), clock)
+    assert sorted(got["medians_ms"], key=int) == ["8", "16"]  # the calibration feeds are 16 wide
+    assert got["medians_ms"]["8"] == [pytest.approx(1.3), pytest.approx(2.4)]
+    assert got["medians_ms"]["16"] == [pytest.approx(2.1), pytest.approx(2.8)]
+    assert got["at"] is None  # 16 positions is the widest measured: the long member never wins here
+    cheap_long = _Costed(members.long, clock, 0.2, 0.05)  # now it wins from 8 positions on
+    assert routed.measure_crossover(short, cheap_long, ctx.adapter.calibration(), clock)["at"] == 8
+    members.close()
+
+
+def test_auto_routes_where_it_measured_or_is_skipped_with_the_numbers(ctx: BuildContext) -> None:
+    try:
+        runner = _pair(ctx).build(ctx)
+    except NotApplicable as exc:  # the long member lost at every width on this machine: a duplicate of short
+        assert "is not faster than" in str(exc) and "the router would be its short member" in str(exc)
+        res = search(ctx, [_pair(ctx, 10, "base"), _pair(ctx)], Budget.parse("cos>=0"), rounds=1, per_round=1,
+                     time_budget_s=None)  # fmt: skip
+        assert res.by_name("route-test").status == "skipped"
+        return
     route = runner.stats["route"]
     medians = {int(k): tuple(v) for k, v in route["medians_ms"].items()}
-    assert sorted(medians) == [8, 16]  # the calibration feeds are 16 wide: 8 (of LENGTHS) and 16
-    assert all(a > 0 and b > 0 for a, b in medians.values())
-    assert route["at"] == routed.crossover(medians) == runner.at
+    assert sorted(medians) == [8, 16] and route["at"] == routed.crossover(medians) == runner.at is not None
     runner.close()
 
 

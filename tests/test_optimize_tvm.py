@@ -36,7 +36,8 @@ def test_the_untuned_candidates_compile_and_match_fp32(ctx: BuildContext, tmp_pa
     feeds = ctx.all_feeds()
     ref = ctx.adapter.reference(feeds)  # type: ignore[attr-defined]
     cands = {c.name: c for c in fam.candidates(ctx)}
-    assert sorted(cands) == ["tvm-relax", "tvm-relax-buckets", "tvm-relax-static", "tvm-relax-tuned"]
+    assert sorted(cands) == ["tvm-relax", "tvm-relax-buckets", "tvm-relax-static", "tvm-relax-static-unfused",
+                             "tvm-relax-tuned"]  # fmt: skip
     edges = fam._edges(ctx, fam.BUCKETS)  # on the calibration lengths (4 to 15 here)
     for name, shapes_built, positions in (
         ("tvm-relax", 0, 2 * 14 + 2 * 16),
@@ -64,6 +65,29 @@ def test_the_untuned_candidates_compile_and_match_fp32(ctx: BuildContext, tmp_pa
     f = feeds[0]
     got = vm["main"](tvm.runtime.tensor(f["input_ids"]), tvm.runtime.tensor(f["attention_mask"])).numpy()
     np.testing.assert_allclose(got, ref[:1], atol=1e-4)
+
+
+@pytest.mark.slow  # two LLVM compiles of the tiny graph per shape
+def test_the_fusion_depth_knob_changes_the_kernels_and_not_the_outputs(ctx: BuildContext) -> None:
+    feeds = ctx.all_feeds()
+    ref = ctx.adapter.reference(feeds)  # type: ignore[attr-defined]
+    by = {c.name: c for c in fam.candidates(ctx)}
+    assert by["tvm-relax-static"].params["fuse_max_depth"] is None  # TVM's default depth
+    unfused = by["tvm-relax-static-unfused"]
+    assert unfused.params["fuse_max_depth"] == 1
+    fused_runner, unfused_runner = by["tvm-relax-static"].build(ctx), unfused.build(ctx)
+    for r in (fused_runner, unfused_runner):
+        np.testing.assert_allclose(np.concatenate([r.run(f) for f in feeds]), ref, atol=1e-4)
+    # no fusion: a kernel per operator; TVM's default chains them (the tiny encoder: dozens of ops)
+    assert unfused_runner.stats["kernels"] > fused_runner.stats["kernels"] > 0
+    assert unfused_runner.stats["fuse_max_depth"] == 1
+    # --tvm-fuse-depth sets every other recipe's depth, recorded in its params (the recipe)
+    deep = BuildContext(adapter=ctx.adapter, workdir=ctx.workdir, cache={"tvm_fuse_depth": 2})
+    by2 = {c.name: c for c in fam.candidates(deep)}
+    assert by2["tvm-relax-static"].params["fuse_max_depth"] == 2 and by2["tvm-relax"].params["fuse_max_depth"] == 2
+    mid = by2["tvm-relax-static"].build(deep)
+    np.testing.assert_allclose(np.concatenate([mid.run(f) for f in feeds]), ref, atol=1e-4)
+    assert unfused_runner.stats["kernels"] >= mid.stats["kernels"] >= fused_runner.stats["kernels"]
 
 
 def test_tuning_is_off_by_default_and_too_many_static_shapes_skip(tmp_path: Path) -> None:

@@ -317,7 +317,8 @@ def test_bad_directories_get_one_line_and_a_usage_exit(tmp_path: Path, capsys: p
         "recipe.json: a generative search's choice: serve it with `serve --model gen --from DIR`"
     )
     d = variant("torch", artifact="model.pt", backend="torch", candidate="ort-fp32")
-    assert "model.pt, not ONNX, OpenVINO IR or a route: only those can be served" in _serve_error(capsys, "--from", str(d))
+    err = _serve_error(capsys, "--from", str(d))
+    assert "model.pt, not ONNX, OpenVINO IR or a route: only those can be served" in err
     d = variant("other-search", candidate="int8-good")
     assert _serve_error(capsys, "--from", str(d)).endswith(
         "recipe.json chose int8-good but optimize.json chose ort-fp32: not the same search"

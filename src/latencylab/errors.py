@@ -7,6 +7,11 @@ class LatencyLabError(Exception):
     """A user-facing error: bad input, missing file, unsupported option."""
 
 
+class NotApplicable(LatencyLabError):
+    """Raised by a candidate's build that finds it does not apply on this machine (e.g. a length router whose long
+    member is never the faster): the search reports the candidate skipped, with this reason, not failed."""
+
+
 class MissingDependencyError(LatencyLabError):
     """An optional dependency is not installed."""
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from latencylab import stats as lstats
 from latencylab.clock import Clock, PerfCounterClock
-from latencylab.errors import LatencyLabError
+from latencylab.errors import LatencyLabError, NotApplicable
 from latencylab.optimize.types import BuildContext, Candidate, Feed, Runner
 from latencylab.timing import now_ns, rotated, time_calls
 
@@ -375,8 +375,11 @@ def result_of(cand: Candidate, status: str, reason: str, **kw: Any) -> Candidate
 
 
 def failed_build(cand: Candidate, exc: BaseException) -> CandidateResult:
-    """A build (or its held-out run) that raised: reported with the first line of the error."""
+    """A build (or its held-out run) that raised: reported with the first line of the error; a build that found
+    its candidate does not apply here (:class:`~latencylab.errors.NotApplicable`) is reported skipped."""
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, NotApplicable):
+        return result_of(cand, "skipped", msg[:300])
     return result_of(cand, "failed", f"build failed: {type(exc).__name__}: {msg}"[:300])
 
 

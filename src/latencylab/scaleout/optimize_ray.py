@@ -82,7 +82,7 @@ class LocalBuilds:
     """The candidates built in the driver (not shippable): runner, outputs, build time, stats or the error."""
 
     built: dict[str, tuple[Runner, Ran, float, dict[str, Any]]] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, CandidateResult] = field(default_factory=dict)  # failed (or found not applicable) here
     skipped: list[str] = field(default_factory=list)  # cut by the time cap
     span_s: float = 0.0
 
@@ -109,7 +109,7 @@ def _build_local(
             runner = cand.build(ctx)
             ran = run_sets(runner, sets)
         except Exception as exc:  # reported as the search reports a failed build
-            out.errors[cand.name] = failed_build(cand, exc).reason
+            out.errors[cand.name] = failed_build(cand, exc)
             continue
         stats = dict(getattr(runner, "stats", {}) or {})
         out.built[cand.name] = (runner, ran, (time.perf_counter_ns() - t) / 1e9, stats)
@@ -532,7 +532,7 @@ def _open_here(
     for cand in todo:
         is_base = cand.name == baseline
         if cand.name in local.errors:
-            results[cand.name] = result_of(cand, "failed", local.errors[cand.name])
+            results[cand.name] = local.errors[cand.name]
             continue
         if cand.name in local.built:
             runner, ran, build_s, stats = local.built[cand.name]

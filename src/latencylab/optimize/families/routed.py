@@ -12,10 +12,11 @@ own candidates, rebuilt from their params (the recipe), so their files are the o
 calibration feeds only (never a held-out one). Each member runs the widest calibration feed cut to each length
 of :data:`LENGTHS` below its width and to its width (the text workload's: 128), interleaved (warm-up, then
 :data:`CALLS` calls each, alternating); ``at`` is the shortest length from which the long member's median is the
-lower at every longer length (``None``: never, every input goes to the short member). The medians and the ``at``
-found are in ``stats["route"]``; the search then measures the router as it measures every candidate, in the
-same interleaved rounds, and its fidelity on every held-out feed. An equal-work variant: every input is computed
-whole, by one member or the other; nothing is padded, cut or skipped.
+lower at every longer length. Where there is none, the build reports the candidate **skipped**
+(``NotApplicable``): the router would be its short member, a duplicate the search would time twice. The medians
+and the ``at`` found are in ``stats["route"]``; the search then measures the router as it measures every
+candidate, in the same interleaved rounds, and its fidelity on every held-out feed. An equal-work variant: every
+input is computed whole, by one member or the other; nothing is padded, cut or skipped.
 
 The chosen router is exported as ``route.json`` beside the short member's ``model.onnx`` and the long member's
 ``model.xml`` + ``model.bin``; ``serve --from`` serves it (:class:`latencylab.serve.routed.RoutedTextVariant`)
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from latencylab.clock import Clock, PerfCounterClock
-from latencylab.errors import LatencyLabError, MissingDependencyError
+from latencylab.errors import LatencyLabError, MissingDependencyError, NotApplicable
 from latencylab.optimize import shapes
 from latencylab.optimize.types import BuildContext, Candidate, Feed, Runner
 from latencylab.timing import now_ns
@@ -158,6 +159,14 @@ def build_runner(ctx: BuildContext, params: Mapping[str, Any], name: str = "rout
         if at == "auto":
             stats["route"] = measure_crossover(short, long, ctx.adapter.calibration())
             at = stats["route"]["at"]
+            if at is None:  # the router would be its short member: nothing to measure twice
+                widest = max(stats["route"]["medians_ms"], key=int)
+                a, b = stats["route"]["medians_ms"][widest]
+                raise NotApplicable(
+                    f"{params.get('long_name', 'the long member')} is not faster than "
+                    f"{params.get('short_name', 'the short member')} at any calibration width here "
+                    f"(at {widest} positions: {b:.2f} vs {a:.2f} ms): the router would be its short member"
+                )
         elif not isinstance(at, int) or at < 1:
             raise LatencyLabError(f"{name}: route at {at!r}: a number of positions >= 1, or 'auto'")
         else:

@@ -8,6 +8,9 @@
 * ``tvm-relax-static``: the same compiled once per distinct static input shape (TVM's strength: every loop
   bound known; the inputs fixed and the shape arithmetic folded before the import), at most
   :data:`~.static_shapes.MAX_STATIC_SHAPES` shapes, else skipped with the count;
+* ``tvm-relax-static-unfused``: the static recipe with fusion off (``relax.FuseOps.max_depth`` 1), beside it to
+  measure what operator fusion gives; ``optimize --tvm-fuse-depth N`` sets the depth of every other recipe
+  (recorded as ``fuse_max_depth``; None: TVM's default), and ``stats.kernels`` counts the kernels fusion left;
 * ``tvm-relax-buckets``: text inputs of many lengths padded to :data:`BUCKETS` length buckets (edges chosen on
   the calibration feeds' lengths, :func:`~.static_shapes.pad_to_bucket`), one static library per bucket;
 * ``tvm-relax-tuned``: the static (or bucketed, when the inputs have too many shapes) libraries with
@@ -97,7 +100,8 @@ class TvmRunner:
         from tvm import relax
 
         db = self._tune(shape) if shape and self.tune_time_s > 0 else None
-        path, stats = compile_library(self.ctx, shape, db)
+        depth = self.params.get("fuse_max_depth")
+        path, stats = compile_library(self.ctx, shape, db, None if depth is None else int(depth))
         self.stats.update(stats)
         self.path = path
         return relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
@@ -187,7 +191,9 @@ def candidates(ctx: BuildContext) -> list[Candidate]:
     inputs have more static shapes than it may compile."""
     from latencylab.optimize.families import tvm_tune
 
-    base = {"source": "fp32-onnx", "target": "host-llvm", "pipeline": "default", "tune_time_s": 0}
+    depth = ctx.cache.get("tvm_fuse_depth")  # --tvm-fuse-depth: every recipe's fusion depth (None: TVM's)
+    base = {"source": "fp32-onnx", "target": "host-llvm", "pipeline": "default", "tune_time_s": 0,
+            "fuse_max_depth": None if depth is None else int(depth)}  # fmt: skip
     tune_s = float(ctx.cache.get("tune_time_s") or 0)
     tuned = {**base, "static": True, "tune": True, "tune_time_s": tune_s, "pipeline": "metaschedule",
              "trials_per_round": tvm_tune.TRIALS_PER_ROUND, "cost_model": "random"}  # fmt: skip
@@ -205,6 +211,12 @@ def candidates(ctx: BuildContext) -> list[Candidate]:
             "compile",
             {**base, "static": True},
             "the same compiled per static input shape (a few shapes; inputs fixed before the import), no tuning",
+        ),
+        candidate_from_params(
+            "tvm-relax-static-unfused",
+            "compile",
+            {**base, "static": True, "fuse_max_depth": 1},
+            "the static recipe with fusion off (FuseOps depth 1: a kernel per operator): what fusion gives",
         ),
         candidate_from_params(
             "tvm-relax-buckets",

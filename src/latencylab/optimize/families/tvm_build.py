@@ -15,6 +15,7 @@ a tuning database (:mod:`.tvm_tune`), MetaSchedule's ``compile_relax``. The libr
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -99,32 +100,57 @@ def source_for(ctx: BuildContext, shape: Shape | None) -> Path:
     return fixed_onnx(src, shape, ctx.workdir / "tvm" / f"fixed-{key}.onnx")
 
 
+def pass_config(fuse_max_depth: int | None) -> dict[str, Any]:
+    """The PassContext config of a recipe's knobs: ``relax.FuseOps.max_depth`` (how many operators FuseOps may
+    chain into one kernel; 1 = no fusion) when the recipe sets a fusion depth, else TVM's default."""
+    return {} if fuse_max_depth is None else {"relax.FuseOps.max_depth": int(fuse_max_depth)}
+
+
+def kernels(mod: Any, target: Any, fuse_max_depth: int | None) -> int:
+    """The TIR kernels the default CPU pipeline's fusion leaves (``LegalizeOps``, ``AnnotateTIROpPattern``,
+    ``FoldConstant``, ``FuseOps``, ``FuseTIR`` under the recipe's fusion depth): what the depth knob changes."""
+    tvm = _tvm()
+    from tvm import relax, tirx
+
+    with target, tvm.transform.PassContext(config=pass_config(fuse_max_depth)):
+        fused = tvm.transform.Sequential(relax.backend.cpu_generic.legalize_passes(target))(mod)
+    return sum(1 for f in fused.functions.values() if isinstance(f, tirx.PrimFunc))
+
+
 def compile_library(
-    ctx: BuildContext, shape: Shape | None, database_dir: Path | None = None
+    ctx: BuildContext, shape: Shape | None, database_dir: Path | None = None, fuse_max_depth: int | None = None
 ) -> tuple[Path, dict[str, Any]]:
     """The compiled shared library for ``shape`` (None: symbolic dims), cached; with ``database_dir``, the
-    MetaSchedule tuning records there are applied (``compile_relax``)."""
+    MetaSchedule tuning records there are applied (``compile_relax``); ``fuse_max_depth``: the fusion depth
+    (:func:`pass_config`; None: TVM's default)."""
     tvm = _tvm()
     target = host_target()
     onnx_path = source_for(ctx, shape)
     tuned = str(database_dir) if database_dir else ""
-    key = _key("tvm", dict(shape or {}), _file_digest(ctx, onnx_path), str(target), tvm.__version__, tuned)
+    depth = "" if fuse_max_depth is None else f"fuse{int(fuse_max_depth)}"
+    key = _key("tvm", dict(shape or {}), _file_digest(ctx, onnx_path), str(target), tvm.__version__, tuned, depth)
     dst = ctx.workdir / "tvm" / f"relax-{shape_tag(shape)}-{key}.so"
-    stats: dict[str, Any] = {"target": str(target), "library": str(dst)}
+    stats: dict[str, Any] = {"target": str(target), "library": str(dst), "fuse_max_depth": fuse_max_depth}
+    info = dst.with_suffix(".json")  # what the build counted, beside the cached library
     if dst.is_file():
+        if info.is_file():
+            stats.update(json.loads(info.read_text()))
         return dst, stats
     mod = relax_module(onnx_path)
-    if database_dir is not None:
-        from tvm.s_tir import meta_schedule as ms
+    stats["kernels"] = kernels(mod, target, fuse_max_depth)
+    with tvm.transform.PassContext(config=pass_config(fuse_max_depth)):
+        if database_dir is not None:
+            from tvm.s_tir import meta_schedule as ms
 
-        db = ms.database.JSONDatabase(work_dir=str(database_dir), allow_missing=False)
-        ex = ms.relax_integration.compile_relax(db, mod, target, None)
-    else:
-        ex = tvm.compile(mod, target=target)  # the default Relax and TIR pipelines: fusion, default schedules
+            db = ms.database.JSONDatabase(work_dir=str(database_dir), allow_missing=False)
+            ex = ms.relax_integration.compile_relax(db, mod, target, None)
+        else:
+            ex = tvm.compile(mod, target=target)  # the default Relax and TIR pipelines: fusion, default schedules
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".relax-"))
     try:
         ex.export_library(str(tmp / "lib.so"))
+        info.write_text(json.dumps({"kernels": stats["kernels"]}))
         os.replace(tmp / "lib.so", dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
