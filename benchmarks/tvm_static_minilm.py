@@ -6,6 +6,7 @@ FP32 session of the same export), ``ov-fp32-static`` and ``tvm-relax-static`` (o
 interleaved (``--rounds`` rounds, each variant ``--calls`` calls a round, the order rotated), at ``--threads``.
 Prints p50s, ratios to ONNX Runtime, the fraction of this machine's FP32 roof (2.869 GFLOP a passage), the build
 times (TVM's import + compile included) and the largest |difference| to ONNX Runtime's output.
+``tvm-relax-static-unfused`` is the same with operator fusion off (FuseOps depth 1): what fusion gives.
 ``--tune-time S`` adds ``tvm-relax-tuned`` (MetaSchedule, S seconds; see optimize/families/tvm_tune.py).
 """
 
@@ -47,7 +48,8 @@ def main() -> int:
     passages = ctx.input_sets()["passages128"]
     ctx.cache["input_sets"] = {"passages128": passages}  # static: one shape (1 x 128)
     cands = {c.name: c for c in [*ort_fam.candidates(ctx), *ov_fam.candidates(ctx), *tvm_fam.candidates(ctx)]}
-    names = ["ort-fp32", "ov-fp32-static", "tvm-relax-static"] + (["tvm-relax-tuned"] if args.tune_time > 0 else [])
+    names = ["ort-fp32", "ov-fp32-static", "tvm-relax-static", "tvm-relax-static-unfused"]
+    names += ["tvm-relax-tuned"] if args.tune_time > 0 else []
     runners: dict[str, Any] = {}
     outs: dict[str, np.ndarray] = {}
     for n in names:

@@ -10,8 +10,13 @@ second search on the same machine finds ``done.json`` there and reuses the recor
 ``tune_time_s`` is the first search's, reported with ``tuning_reused: true``).
 
 The tuning runs in a child process (``python -m latencylab.optimize.families.tvm_tune``): MetaSchedule's
-builders and runners are process pools, and a crash in it (TVM 0.27.0.post1 segfaults creating its
-``TuneContext`` on this machine: ``tvm::ffi::ToJSONGraph``) must fail one candidate, not the search.
+builders and runners are process pools, and a crash in it must fail one candidate, not the search. (Sessions
+12-27 saw one on every try: ``tvm::ffi::ToJSONGraph`` segfaults. The cause was apache-tvm-ffi 0.1.15, which
+breaks TVM 0.27.0.post1's JSON serialisation of any TIR module; the ``tvm`` extra now pins ``<0.1.15``, and
+the machine key includes tvm-ffi's version, so a crash marker left by the broken pair is not read by the fixed
+one.) The builder and runner pools are one process each with long timeouts (:data:`BUILD_TIMEOUT_S`): a pool
+worker's first call imports TVM, ~30 s on 2 vCPUs, past MetaSchedule's default 30-s build timeout, which
+failed every trial of the first round.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from latencylab.clock import Clock, PerfCounterClock
 from latencylab.errors import LatencyLabError
 from latencylab.timing import now_ns
 
-TRIALS_PER_ROUND = 16
+TRIALS_PER_ROUND = 64
+BUILD_TIMEOUT_S = 120.0  # per trial, the pool worker's TVM import included
+RUN_TIMEOUT_S = 60.0
 DONE = "done.json"
 CRASHED = "crashed.json"  # beside a machine's databases: MetaSchedule was killed by a signal there
 GRACE_S = 120.0  # the child's start (imports, task extraction) and its last round, past the budget
@@ -41,12 +48,25 @@ def cache_root() -> Path:
     return (Path(env).expanduser() if env else Path.home() / ".cache" / "latencylab") / "tvm-tune"
 
 
+def _ffi_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("apache-tvm-ffi")
+    except Exception:  # not installed as a distribution (a source build): the TVM version alone
+        return ""
+
+
 def machine_key(target: str, tvm_version: str) -> str:
-    """The CPU (model name, flags, cores), TVM's version and the target, hashed: whose measurements these are."""
+    """The CPU (model name, flags, cores), TVM's and tvm-ffi's versions and the target, hashed: whose
+    measurements these are."""
     from latencylab.roofline.theory import read_cpu
 
     cpu = read_cpu()
     blob = {"cpu": cpu.model_name, "flags": sorted(cpu.flags), "cores": cpu.cores, "tvm": tvm_version, "t": target}
+    ffi = _ffi_version()
+    if ffi:
+        blob["ffi"] = ffi
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -121,8 +141,10 @@ def _child(onnx_path: str, work_dir: str, tune_time_s: float, threads: int) -> d
     trials = 0
     while trials == 0 or (now_ns(clk) - t0) / 1e9 < tune_time_s:
         ms.relax_integration.tune_relax(
-            mod, {}, target, work_dir, max_trials_global=TRIALS_PER_ROUND, num_trials_per_iter=8, cost_model="random"
-        )
+            mod, {}, target, work_dir, max_trials_global=TRIALS_PER_ROUND, num_trials_per_iter=16,
+            cost_model="random", builder=ms.builder.LocalBuilder(max_workers=1, timeout_sec=BUILD_TIMEOUT_S),
+            runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S),
+        )  # fmt: skip
         trials += TRIALS_PER_ROUND
     return {"trials": trials}
 
