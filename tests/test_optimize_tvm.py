@@ -136,3 +136,13 @@ def test_a_second_search_reuses_the_tuning_database(tmp_path: Path, monkeypatch:
     assert (
         again.stats["tune_time_s"] == runner.stats["tune_time_s"] and again.stats["machine"] == runner.stats["machine"]
     )
+
+
+def test_tuning_rounds_fit_the_budget_left() -> None:
+    from latencylab.optimize.families import tvm_tune
+
+    step = tvm_tune.TRIALS_PER_ROUND
+    assert tvm_tune.next_round(100.0, 0.5) == 192  # 200 trials fit: rounded down to steps of 16
+    assert tvm_tune.next_round(1.0, 0.5) == step  # the budget is nearly spent: one step (the loop stops after)
+    assert tvm_tune.next_round(1e6, 0.01) == tvm_tune.MAX_ROUND
+    assert tvm_tune.next_round(10.0, 0.0) == tvm_tune.MAX_ROUND

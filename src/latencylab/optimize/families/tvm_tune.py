@@ -1,8 +1,9 @@
 """MetaSchedule tuning within a time budget (``--tune-time``), its database cached per machine fingerprint.
 
 A tuned candidate (``tvm-relax-tuned``) tunes each static shape's Relax module with MetaSchedule
-(``tune_relax``: evolutionary search, random cost model, rounds of :data:`TRIALS_PER_ROUND` trials until the
-budget is spent; the round under way when it runs out finishes, so the spend can pass the budget by one round)
+(``tune_relax``: replay-trace sampling, random cost model; a first round of :data:`TRIALS_PER_ROUND` trials, then
+rounds sized to the budget left at the pace measured (:func:`next_round`); the round under way when the budget
+runs out finishes, so the spend can pass it by one round)
 and compiles with the records (``compile_relax``). The database lives under
 ``$LATENCYLAB_CACHE/tvm-tune/<machine>/<model + shape + target>``: ``<machine>`` hashes the CPU (model, flags,
 cores), TVM's version and the target, so records measured on one CPU are never applied on another, and a
@@ -35,12 +36,17 @@ from latencylab.clock import Clock, PerfCounterClock
 from latencylab.errors import LatencyLabError
 from latencylab.timing import now_ns
 
-TRIALS_PER_ROUND = 64
+TRIALS_PER_ROUND = 16  # the first round; later ones as many as fit the budget left (next_round)
+MAX_ROUND = 512
+# Random sampling of each task's design space. The evolutionary search (MetaSchedule's default) spent its first
+# 5 minutes on MiniLM's 27 tasks building initial populations before a single trial (measured here, session 28);
+# with the random cost model its selection is random anyway, and without xgboost there is no other model.
+STRATEGY = "replay-trace"
 BUILD_TIMEOUT_S = 120.0  # per trial, the pool worker's TVM import included
 RUN_TIMEOUT_S = 60.0
 DONE = "done.json"
 CRASHED = "crashed.json"  # beside a machine's databases: MetaSchedule was killed by a signal there
-GRACE_S = 120.0  # the child's start (imports, task extraction) and its last round, past the budget
+GRACE_S = 300.0  # the child's start (imports, task extraction, the pools' TVM import) and its last round
 
 
 def cache_root() -> Path:
@@ -123,6 +129,28 @@ def tune(
     return {**record, "tuning_reused": False, "database": str(work_dir)}
 
 
+def fused_for_tuning(mod: Any, target: Any) -> Any:
+    """``mod`` legalised and fused as ``compile_relax`` prepares it before it applies the database (library
+    dispatch, ``LegalizeOps``, ``AnnotateTIROpPattern``, ``FoldConstant``, ``FuseOps``, ``FuseTIR`` at opt level
+    3), so that the tasks tuned are the fused kernels it looks up. MetaSchedule extracts tasks from the TIR
+    functions already in a module: on the imported graph (Relax operators, not yet TIR) it found one, a scalar
+    ``maximum``, and 384 trials (session 28's first MiniLM run) tuned nothing that mattered."""
+    import tvm
+    from tvm import relax
+    from tvm.relax import pipeline as relax_pipeline
+
+    passes = [
+        *relax_pipeline.library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+    with target, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(passes)(mod)
+
+
 def _child(onnx_path: str, work_dir: str, tune_time_s: float, threads: int) -> dict[str, Any]:
     """Rounds of MetaSchedule trials into ``work_dir``'s JSON database until ``tune_time_s`` is spent."""
     import tvm
@@ -135,18 +163,32 @@ def _child(onnx_path: str, work_dir: str, tune_time_s: float, threads: int) -> d
     signal.signal(signal.SIGSEGV, signal.SIG_DFL)
     host = host_target()
     target = tvm.target.Target({**dict(host.export()), "num-cores": max(1, threads)})
-    mod = relax_module(Path(onnx_path))
+    mod = fused_for_tuning(relax_module(Path(onnx_path)), target)
     clk = PerfCounterClock()
     t0 = now_ns(clk)
-    trials = 0
+    # the pools are made once: a worker's first call imports TVM (~30 s here), not once a round
+    builder = ms.builder.LocalBuilder(max_workers=1, timeout_sec=BUILD_TIMEOUT_S)
+    runner = ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
+    trials, n = 0, TRIALS_PER_ROUND
     while trials == 0 or (now_ns(clk) - t0) / 1e9 < tune_time_s:
-        ms.relax_integration.tune_relax(
-            mod, {}, target, work_dir, max_trials_global=TRIALS_PER_ROUND, num_trials_per_iter=16,
-            cost_model="random", builder=ms.builder.LocalBuilder(max_workers=1, timeout_sec=BUILD_TIMEOUT_S),
-            runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S),
-        )  # fmt: skip
-        trials += TRIALS_PER_ROUND
+        r0 = now_ns(clk)
+        ms.relax_integration.tune_relax(mod, {}, target, work_dir, max_trials_global=n, num_trials_per_iter=16,
+                                        cost_model="random", strategy=STRATEGY, builder=builder,
+                                        runner=runner)  # fmt: skip
+        trials += n
+        per_trial = (now_ns(clk) - r0) / 1e9 / n
+        left = tune_time_s - (now_ns(clk) - t0) / 1e9
+        n = next_round(left, per_trial)
     return {"trials": trials}
+
+
+def next_round(left_s: float, per_trial_s: float) -> int:
+    """The next round's trials: what fits the budget left at the last round's pace, in steps of
+    :data:`TRIALS_PER_ROUND`, at least one step and at most :data:`MAX_ROUND`."""
+    if per_trial_s <= 0:
+        return MAX_ROUND
+    fit = int(left_s / per_trial_s) // TRIALS_PER_ROUND * TRIALS_PER_ROUND
+    return max(TRIALS_PER_ROUND, min(MAX_ROUND, fit))
 
 
 def main(argv: Mapping[int, str] | list[str]) -> int:
