@@ -36,12 +36,16 @@ from latencylab.clock import Clock, PerfCounterClock
 from latencylab.errors import LatencyLabError
 from latencylab.timing import now_ns
 
-TRIALS_PER_ROUND = 16  # the first round; later ones as many as fit the budget left (next_round)
+TRIALS_PER_ROUND = 16  # the first round (in steps of it); later ones as many as fit the budget left (next_round)
 MAX_ROUND = 512
 # Random sampling of each task's design space. The evolutionary search (MetaSchedule's default) spent its first
 # 5 minutes on MiniLM's 27 tasks building initial populations before a single trial (measured here, session 28);
 # with the random cost model its selection is random anyway, and without xgboost there is no other model.
 STRATEGY = "replay-trace"
+# Candidates per task per scheduler iteration. The task scheduler first gives every task one iteration: with
+# MetaSchedule's 64 (or 16), MiniLM's 27 tasks need 1728 (432) trials before the last is tried, far past what a
+# few minutes build on 2 vCPUs (~2.4 s a trial here); with 4, 108.
+PER_ITER = 4
 BUILD_TIMEOUT_S = 120.0  # per trial, the pool worker's TVM import included
 RUN_TIMEOUT_S = 60.0
 DONE = "done.json"
@@ -172,7 +176,7 @@ def _child(onnx_path: str, work_dir: str, tune_time_s: float, threads: int) -> d
     trials, n = 0, TRIALS_PER_ROUND
     while trials == 0 or (now_ns(clk) - t0) / 1e9 < tune_time_s:
         r0 = now_ns(clk)
-        ms.relax_integration.tune_relax(mod, {}, target, work_dir, max_trials_global=n, num_trials_per_iter=16,
+        ms.relax_integration.tune_relax(mod, {}, target, work_dir, max_trials_global=n, num_trials_per_iter=PER_ITER,
                                         cost_model="random", strategy=STRATEGY, builder=builder,
                                         runner=runner)  # fmt: skip
         trials += n
