@@ -68,15 +68,11 @@ class RoutedTextVariant(OrtTextVariant):
         self.routed = [0, 0]  # batches run short, long
         super().__init__(name, kind, tokenizer, short, threads=threads, fuse=None, **kw)
 
-    @property
-    def intra_op_threads(self) -> int:
-        return self.threads
-
-    @intra_op_threads.setter
-    def intra_op_threads(self, n: int) -> None:
-        self.threads = max(1, int(n))
-        self._rebuild()
-        self.ov.intra_op_threads = self.threads
+    def _rebuild(self, spin: bool = False) -> None:
+        """The session rebuilt (the threads knob, the spin setting); the OpenVINO model follows the threads."""
+        super()._rebuild(spin)
+        if self.ov.intra_op_threads != self.threads:
+            self.ov.intra_op_threads = self.threads
 
     def _encode(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         if self.at is not None and input_ids.shape[1] >= self.at:
