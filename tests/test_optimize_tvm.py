@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -104,8 +105,8 @@ def test_tuning_is_off_by_default_and_too_many_static_shapes_skip(tmp_path: Path
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("LATENCYLAB_TVM_TUNE_TEST") != "1",
-    reason="tuning cannot fit a fast test: a round is 64 MetaSchedule trials per static shape, and its process pools "
-    "spend ~30 s (2 vCPUs) importing TVM before the first (~2 min in all here); LATENCYLAB_TVM_TUNE_TEST=1 runs it",
+    reason="tuning cannot fit a fast test: MetaSchedule's process pools spend ~30 s (2 vCPUs) importing TVM before "
+    "the first trial (~3 min in all here); LATENCYLAB_TVM_TUNE_TEST=1 runs it",
 )
 def test_a_second_search_reuses_the_tuning_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from latencylab.errors import LatencyLabError
@@ -138,11 +139,74 @@ def test_a_second_search_reuses_the_tuning_database(tmp_path: Path, monkeypatch:
     )
 
 
-def test_tuning_rounds_fit_the_budget_left() -> None:
+def test_the_tuning_child_is_stopped_at_the_budget_and_a_cut_line_is_dropped(tmp_path: Path) -> None:
+    """A stand-in child (a real process, like MetaSchedule's: it writes the start marker, a workload and records
+    as the JSON database does, and holds a pool worker in its process group) is stopped once the budget has run
+    from its start marker with a record in; the database keeps every whole line, not the one cut by the stop."""
+    from latencylab.clock import PerfCounterClock
     from latencylab.optimize.families import tvm_tune
+    from latencylab.timing import now_ns
 
-    step = tvm_tune.TRIALS_PER_ROUND
-    assert tvm_tune.next_round(100.0, 0.5) == 192  # 200 trials fit: rounded down to steps of 16
-    assert tvm_tune.next_round(1.0, 0.5) == step  # the budget is nearly spent: one step (the loop stops after)
-    assert tvm_tune.next_round(1e6, 0.01) == tvm_tune.MAX_ROUND
-    assert tvm_tune.next_round(10.0, 0.0) == tvm_tune.MAX_ROUND
+    worker_pid = tmp_path / "worker.pid"
+    child = f"""
+import json, subprocess, sys, time
+from pathlib import Path
+w = Path({str(tmp_path)!r})
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+Path({str(worker_pid)!r}).write_text(str(worker.pid))
+(w / {tvm_tune.WORKLOADS!r}).write_text(json.dumps(["hash", {{"mod": "x"}}]) + "\\n")
+(w / {tvm_tune.STARTED!r}).write_text("")
+with (w / {tvm_tune.RECORDS!r}).open("a") as f:
+    for i in range(3):
+        f.write(json.dumps([0, {{"run_secs": [0.001 * (i + 1)]}}]) + "\\n")
+    f.write(json.dumps([1, {{"run_secs": [0.5]}}]) + "\\n")  # a record of a workload that is not there
+    f.write('[0, {{"run_se')  # a line cut in mid-write
+    f.flush()
+    time.sleep(600)
+"""
+    clock = PerfCounterClock()
+    t0 = now_ns(clock)
+    code, stopped, _ = tvm_tune.run_to_budget([sys.executable, "-c", child], tmp_path, 0.5, 60.0, clock)
+    assert stopped and code != 0 and (now_ns(clock) - t0) / 1e9 < 60.0  # stopped at the budget, not the grace
+    pid = int(worker_pid.read_text())
+    for _ in range(100):  # the worker in the child's group went with it (a zombie is reaped by init)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        stat = Path(f"/proc/{pid}/stat")
+        if stat.is_file() and stat.read_text().split()[2] == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the pool worker {pid} outlived the stop")
+    assert tvm_tune.repair_database(tmp_path) == 3  # the 3 whole records of workload 0
+    lines = (tmp_path / tvm_tune.RECORDS).read_text().splitlines()
+    assert [json.loads(ln)[1]["run_secs"] for ln in lines] == [[0.001], [0.002], [0.003]]
+    assert tvm_tune.records(tmp_path) == 3
+
+
+@pytest.mark.slow  # two LLVM compiles of the tiny graph
+def test_the_tuned_compile_applies_the_recipes_fusion_depth(ctx: BuildContext, tmp_path: Path) -> None:
+    """The tuned path fuses under the recipe's depth (MetaSchedule's own compile_relax opens a PassContext that
+    drops it). An empty database: no kernel is replaced, so the library computes the default schedules."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+
+    from latencylab.optimize.families import tvm_build
+
+    (tmp_path / "db").mkdir()
+    ms.database.JSONDatabase(work_dir=str(tmp_path / "db"), allow_missing=True)  # creates the empty files
+    feed = ctx.all_feeds()[0]
+    shape = {n: tuple(np.asarray(feed[n]).shape) for n in ctx.adapter.input_names}
+    target = tvm_build.host_target()
+    mod = tvm_build.relax_module(tvm_build.source_for(ctx, shape))
+    want = {d: tvm_build.kernels(mod, target, d) for d in (None, 1)}
+    assert want[1] > want[None]
+    for depth in (None, 1):
+        lib, stats = tvm_build.compile_library(ctx, shape, tmp_path / "db", depth)
+        assert stats["kernels"] == want[depth], depth  # what the tuned compile fused is the recipe's depth
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
+        got = vm["main"](*(tvm.runtime.tensor(np.asarray(feed[n])) for n in ctx.adapter.input_names)).numpy()
+        np.testing.assert_allclose(got, ctx.adapter.reference([feed]), atol=1e-4)  # type: ignore[attr-defined]

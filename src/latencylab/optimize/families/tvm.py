@@ -15,8 +15,9 @@
   the calibration feeds' lengths, :func:`~.static_shapes.pad_to_bucket`), one static library per bucket;
 * ``tvm-relax-tuned``: the static (or bucketed, when the inputs have too many shapes) libraries with
   MetaSchedule tuning within ``--tune-time`` seconds per shape, its database cached per machine fingerprint
-  (:mod:`.tvm_tune`); skipped while ``--tune-time`` is 0 (the default). The recipe records the knobs
-  (``tune_time_s``, trials per round, the cost model) and the stats the spend beside the speed-up.
+  (:mod:`.tvm_tune`: one ``tune_relax`` call stopped at the budget); skipped while ``--tune-time`` is 0 (the
+  default). The recipe records the knobs (``tune_time_s``, ``fuse_max_depth``, candidates per task per
+  iteration, the search strategy, the cost model) and the stats the spend beside the speed-up.
 
 Threads: TVM's runtime thread pool set to ``ctx.threads`` (``runtime.config_threadpool``), as the other
 families' intra-op threads. ``optimize --out`` exports the compiled library (``model.so``, loadable by
@@ -112,8 +113,11 @@ class TvmRunner:
         tvm = _tvm()
         src = tvm_build.source_for(self.ctx, shape)
         machine = tvm_tune.machine_key(str(host_target()), tvm.__version__)
-        work = tvm_tune.database_dir(machine, _file_digest(self.ctx, src), shape_tag(shape))
-        got = tvm_tune.tune(src, work, self.tune_time_s, self.ctx.threads)
+        depth = self.params.get("fuse_max_depth")
+        depth = None if depth is None else int(depth)
+        tag = shape_tag(shape) + ("" if depth is None else f"-fuse{depth}")  # the tasks are the depth's kernels
+        work = tvm_tune.database_dir(machine, _file_digest(self.ctx, src), tag)
+        got = tvm_tune.tune(src, work, self.tune_time_s, self.ctx.threads, depth)
         self.stats["tune_time_s"] = round(float(self.stats["tune_time_s"]) + float(got["tune_time_s"]), 3)
         self.stats["tuning_reused"] = bool(got["tuning_reused"]) and self.stats.get("tuning_reused", True)
         self.stats["trials"] = int(self.stats.get("trials", 0)) + int(got.get("trials", 0))
@@ -196,7 +200,8 @@ def candidates(ctx: BuildContext) -> list[Candidate]:
             "fuse_max_depth": None if depth is None else int(depth)}  # fmt: skip
     tune_s = float(ctx.cache.get("tune_time_s") or 0)
     tuned = {**base, "static": True, "tune": True, "tune_time_s": tune_s, "pipeline": "metaschedule",
-             "trials_per_round": tvm_tune.TRIALS_PER_ROUND, "cost_model": "random"}  # fmt: skip
+             "trials_per_iter": tvm_tune.PER_ITER, "strategy": tvm_tune.STRATEGY,
+             "cost_model": "random"}  # fmt: skip
     if tune_s > 0 and static_shapes.too_many(static_shapes.distinct(ctx.all_feeds(), _prepare(ctx, tuned))):
         tuned["buckets"] = BUCKETS
     return [

@@ -9,7 +9,10 @@ TVM imports that. The dynamic recipe imports the export as it is.
 
 Then ``DecomposeOpsForInference`` and ``tvm.compile`` for the host's LLVM target (``Target.from_device``: this
 CPU's ``-mcpu``) with the default pipeline (operator fusion; no schedules on a CPU: TIR's naive loops), or, with
-a tuning database (:mod:`.tvm_tune`), MetaSchedule's ``compile_relax``. The library is cached under
+a tuning database (:mod:`.tvm_tune`), MetaSchedule's ``compile_relax`` steps (:func:`tuned_pipeline`) under
+the recipe's PassContext: ``compile_relax`` opens its own ``PassContext(opt_level=3)``, which drops the
+recipe's fusion depth, so the tuned library would have been fused at TVM's default whatever the recipe said
+(session 28's ``fuse_max_depth`` was recorded, not applied, on the tuned path). The library is cached under
 ``ctx.workdir / "tvm"``, named by a hash of the recipe, the FP32 file, the shape, the target and TVM's version.
 """
 
@@ -106,6 +109,59 @@ def pass_config(fuse_max_depth: int | None) -> dict[str, Any]:
     return {} if fuse_max_depth is None else {"relax.FuseOps.max_depth": int(fuse_max_depth)}
 
 
+def fuse_passes(target: Any) -> list[Any]:
+    """Library dispatch, ``LegalizeOps``, ``AnnotateTIROpPattern``, ``FoldConstant``, ``FuseOps``, ``FuseTIR``:
+    what MetaSchedule's ``compile_relax`` (and its task extraction) run before the database is applied; run
+    under a PassContext whose config carries the fusion depth."""
+    _tvm()
+    from tvm import relax
+    from tvm.relax import pipeline as relax_pipeline
+
+    return [
+        *relax_pipeline.library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+
+
+def tuned_pipeline(target: Any, seen: dict[str, Any]) -> Any:
+    """``compile_relax``'s Relax pipeline for a CPU target: :func:`fuse_passes`, ``MetaScheduleApplyDatabase``
+    (the tuned kernels replace the fused ones the database holds; the rest keep TIR's default loops), the
+    dataflow-lowering and finalising passes. Unlike ``compile_relax`` it runs in the caller's PassContext, so
+    the recipe's fusion depth applies. ``seen["kernels"]``: the TIR functions after fusion (what was looked up)."""
+    tvm = _tvm()
+    from tvm import tirx
+    from tvm.relax.transform import MetaScheduleApplyDatabase
+
+    @tvm.transform.module_pass(opt_level=3)
+    def pipeline(mod: Any, _ctx: Any) -> Any:
+        mod = tvm.transform.Sequential(fuse_passes(target))(mod)
+        seen["kernels"] = sum(1 for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+        mod = MetaScheduleApplyDatabase(enable_warning=False)(mod)
+        return tvm.transform.Sequential(_lower_passes(target))(mod)
+
+    return pipeline
+
+
+def _lower_passes(target: Any) -> list[Any]:
+    """``compile_relax``'s dataflow-lowering and finalising passes: the target's, or (TVM 0.27's CPU backend
+    registers none: ``cpu_generic`` lacks ``dataflow_lower_passes``) the same fallback list it uses."""
+    from tvm import relax
+    from tvm.relax import pipeline as relax_pipeline
+
+    try:
+        return [*relax_pipeline.dataflow_lower_passes(target), *relax_pipeline.finalize_passes(target)]
+    except (ValueError, AttributeError):
+        t = relax.transform
+        lower = [t.RewriteDataflowReshape(), t.ToNonDataflow(), t.RemovePurityChecking(), t.CallTIRRewrite()]
+        final = [t.StaticPlanBlockMemory(), t.LowerAllocTensor(), t.KillAfterLastUse(), t.LowerRuntimeBuiltin(),
+                 t.ComputePrimValue(), t.VMShapeLower(), t.AttachGlobalSymbol()]  # fmt: skip
+        return [*lower, *final]
+
+
 def kernels(mod: Any, target: Any, fuse_max_depth: int | None) -> int:
     """The TIR kernels the default CPU pipeline's fusion leaves (``LegalizeOps``, ``AnnotateTIROpPattern``,
     ``FoldConstant``, ``FuseOps``, ``FuseTIR`` under the recipe's fusion depth): what the depth knob changes."""
@@ -138,13 +194,16 @@ def compile_library(
         return dst, stats
     mod = relax_module(onnx_path)
     stats["kernels"] = kernels(mod, target, fuse_max_depth)
-    with tvm.transform.PassContext(config=pass_config(fuse_max_depth)):
-        if database_dir is not None:
-            from tvm.s_tir import meta_schedule as ms
+    if database_dir is not None:
+        from tvm.s_tir import meta_schedule as ms
 
-            db = ms.database.JSONDatabase(work_dir=str(database_dir), allow_missing=False)
-            ex = ms.relax_integration.compile_relax(db, mod, target, None)
-        else:
+        db = ms.database.JSONDatabase(work_dir=str(database_dir), allow_missing=False)
+        seen: dict[str, Any] = {}
+        with target, db, tvm.transform.PassContext(opt_level=3, config=pass_config(fuse_max_depth)):
+            ex = tvm.relax.build(mod, target=target, relax_pipeline=tuned_pipeline(target, seen))
+        stats["kernels"] = int(seen["kernels"])  # what the tuned compile fused and looked up
+    else:
+        with tvm.transform.PassContext(config=pass_config(fuse_max_depth)):
             ex = tvm.compile(mod, target=target)  # the default Relax and TIR pipelines: fusion, default schedules
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=".relax-"))
