@@ -7,7 +7,9 @@ interleaved (``--rounds`` rounds, each variant ``--calls`` calls a round, the or
 Prints p50s, ratios to ONNX Runtime, the fraction of this machine's FP32 roof (2.869 GFLOP a passage), the build
 times (TVM's import + compile included) and the largest |difference| to ONNX Runtime's output.
 ``tvm-relax-static-unfused`` is the same with operator fusion off (FuseOps depth 1): what fusion gives.
-``--tune-time S`` adds ``tvm-relax-tuned`` (MetaSchedule, S seconds; see optimize/families/tvm_tune.py).
+``--tune-time S`` adds ``tvm-relax-tuned`` (MetaSchedule, S seconds; see optimize/families/tvm_tune.py);
+``--tuned-unfused`` adds the same tuned with fusion off (``tvm-relax-tuned-unfused``, another S seconds): what
+fusion gives once the kernels are scheduled.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--tune-time", type=float, default=0.0)
+    ap.add_argument("--tuned-unfused", action="store_true")
     args = ap.parse_args()
 
     from latencylab.optimize.adapters import adapter_for
@@ -50,6 +53,11 @@ def main() -> int:
     cands = {c.name: c for c in [*ort_fam.candidates(ctx), *ov_fam.candidates(ctx), *tvm_fam.candidates(ctx)]}
     names = ["ort-fp32", "ov-fp32-static", "tvm-relax-static", "tvm-relax-static-unfused"]
     names += ["tvm-relax-tuned"] if args.tune_time > 0 else []
+    if args.tune_time > 0 and args.tuned_unfused:
+        t = cands["tvm-relax-tuned"]
+        unf = tvm_fam.candidate_from_params("tvm-relax-tuned-unfused", t.family, {**t.params, "fuse_max_depth": 1})
+        cands[unf.name] = unf
+        names.append(unf.name)
     runners: dict[str, Any] = {}
     outs: dict[str, np.ndarray] = {}
     for n in names:
