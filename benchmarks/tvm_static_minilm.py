@@ -9,7 +9,8 @@ times (TVM's import + compile included) and the largest |difference| to ONNX Run
 ``tvm-relax-static-unfused`` is the same with operator fusion off (FuseOps depth 1): what fusion gives.
 ``--tune-time S`` adds ``tvm-relax-tuned`` (MetaSchedule, S seconds; see optimize/families/tvm_tune.py);
 ``--tuned-unfused`` adds the same tuned with fusion off (``tvm-relax-tuned-unfused``, another S seconds): what
-fusion gives once the kernels are scheduled.
+fusion gives once the kernels are scheduled; ``--tuned-fast-math`` adds it with Relax's ``FastMathTransform``
+(``tvm-relax-tuned-fastmath``: approximate erf/exp/tanh/softmax, another S seconds).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--tune-time", type=float, default=0.0)
     ap.add_argument("--tuned-unfused", action="store_true")
+    ap.add_argument("--tuned-fast-math", action="store_true")
     args = ap.parse_args()
 
     from latencylab.optimize.adapters import adapter_for
@@ -58,6 +60,11 @@ def main() -> int:
         unf = tvm_fam.candidate_from_params("tvm-relax-tuned-unfused", t.family, {**t.params, "fuse_max_depth": 1})
         cands[unf.name] = unf
         names.append(unf.name)
+    if args.tune_time > 0 and args.tuned_fast_math:
+        t = cands["tvm-relax-tuned"]
+        fm = tvm_fam.candidate_from_params("tvm-relax-tuned-fastmath", t.family, {**t.params, "fast_math": True})
+        cands[fm.name] = fm
+        names.append(fm.name)
     runners: dict[str, Any] = {}
     outs: dict[str, np.ndarray] = {}
     for n in names:

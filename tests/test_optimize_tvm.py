@@ -210,3 +210,26 @@ def test_the_tuned_compile_applies_the_recipes_fusion_depth(ctx: BuildContext, t
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
         got = vm["main"](*(tvm.runtime.tensor(np.asarray(feed[n])) for n in ctx.adapter.input_names)).numpy()
         np.testing.assert_allclose(got, ctx.adapter.reference([feed]), atol=1e-4)  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow  # one LLVM compile of the tiny graph
+def test_fast_math_replaces_the_softmax_and_stays_close(ctx: BuildContext) -> None:
+    """``--tvm-fast-math``: every recipe records ``fast_math`` and its module has TOPI's fast approximations in
+    place of the exact operators (the tiny encoder's softmax), outputs close to FP32 (an approximation: the
+    search measures its fidelity like any other candidate's)."""
+    from latencylab.optimize.families import tvm_build
+
+    fast = BuildContext(adapter=ctx.adapter, workdir=ctx.workdir, cache={"tvm_fast_math": True})
+    by = {c.name: c for c in fam.candidates(fast)}
+    assert all(c.params["fast_math"] is True for c in by.values())
+    assert all(c.params["fast_math"] is False for c in fam.candidates(ctx))
+    feed = ctx.all_feeds()[0]
+    shape = {n: tuple(np.asarray(feed[n]).shape) for n in ctx.adapter.input_names}
+    src = tvm_build.source_for(ctx, shape)
+    assert "R.nn.softmax(" in tvm_build.relax_module(src).script()
+    assert "R.nn.softmax(" not in tvm_build.relax_module(src, fast_math=True).script()
+    runner = by["tvm-relax-static"].build(fast)
+    feeds = fast.all_feeds()
+    got = np.concatenate([runner.run(f) for f in feeds])  # each static shape compiled on first sight
+    assert runner.stats["fast_math"] is True
+    np.testing.assert_allclose(got, ctx.adapter.reference(feeds), atol=1e-3)  # type: ignore[attr-defined]

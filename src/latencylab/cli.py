@@ -212,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--tune-time", type=float, default=0.0, help="seconds of TVM MetaSchedule tuning (0: off)")
     op.add_argument("--tvm-fuse-depth", type=positive_int, default=None,
                     help="TVM: operators FuseOps may chain into one kernel (1: no fusion; default: TVM's)")  # fmt: skip
+    op.add_argument("--tvm-fast-math", action="store_true",
+                    help="TVM: approximate erf, exp, tanh, softmax (FastMathTransform); fidelity measured")  # fmt: skip
     op.add_argument("--rounds", type=positive_int, default=None, help="interleaved timing rounds (10; gen: 2)")
     op.add_argument("--quick", action="store_true", help="gen: a small search (2 prompts, 8 tokens, 1 round) for tests")
     op.add_argument(

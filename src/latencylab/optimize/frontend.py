@@ -142,6 +142,7 @@ def run_optimize_command(args: argparse.Namespace, console: Console) -> int:
                 only=tuple(x.strip() for x in (args.only or "").split(",") if x.strip()),
                 tune_time_s=max(0.0, float(getattr(args, "tune_time", 0.0) or 0.0)),
                 tvm_fuse_depth=getattr(args, "tvm_fuse_depth", None),
+                tvm_fast_math=bool(getattr(args, "tvm_fast_math", False)),
                 ray=ray,
                 workers=workers or 2,
             )

@@ -67,6 +67,7 @@ class LabConfig:
     params: tuple[str, ...] = ()  # workload "onnx": key=value workload params (dim.<name>=N, ...)
     tune_time_s: float = 0.0  # --tune-time: TVM MetaSchedule tuning seconds (0: off; families/tvm_tune.py)
     tvm_fuse_depth: int | None = None  # --tvm-fuse-depth: TVM recipes' FuseOps depth (None: TVM's default)
+    tvm_fast_math: bool = False  # --tvm-fast-math: TVM recipes' approximate erf/exp/tanh/softmax
     ray: str | None = None  # --ray [ADDRESS]: builds and fidelity runs on Ray workers (scaleout/optimize_ray.py)
     workers: int = 2  # --workers with --ray: build actors (--threads Ray CPUs each)
 
@@ -151,6 +152,7 @@ def prepare_context(ctx: BuildContext, cfg: LabConfig, budget: Budget) -> None:
     ctx.cache["budget"] = budget.text
     ctx.cache["tune_time_s"] = cfg.tune_time_s
     ctx.cache["tvm_fuse_depth"] = cfg.tvm_fuse_depth
+    ctx.cache["tvm_fast_math"] = cfg.tvm_fast_math
     _set_threads(cfg.threads)
 
 
@@ -318,6 +320,7 @@ def apply_recipe(
         rounds=rounds,
         tune_time_s=float(recipe["params"].get("tune_time_s") or 0),  # TVM's knobs, as the recipe was made
         tvm_fuse_depth=recipe["params"].get("fuse_max_depth"),
+        tvm_fast_math=bool(recipe["params"].get("fast_math")),
     )
     if cfg.families != ("torch",) and cfg.workload != "onnx":  # the baseline (torch-fp32): the torch family
         cfg = dataclasses.replace(cfg, families=("torch", *cfg.families))

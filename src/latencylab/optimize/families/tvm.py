@@ -11,6 +11,8 @@
 * ``tvm-relax-static-unfused``: the static recipe with fusion off (``relax.FuseOps.max_depth`` 1), beside it to
   measure what operator fusion gives; ``optimize --tvm-fuse-depth N`` sets the depth of every other recipe
   (recorded as ``fuse_max_depth``; None: TVM's default), and ``stats.kernels`` counts the kernels fusion left;
+  ``optimize --tvm-fast-math`` makes every recipe approximate erf, exp, tanh and softmax (Relax's
+  ``FastMathTransform``, recorded as ``fast_math``; the search measures the fidelity it costs);
 * ``tvm-relax-buckets``: text inputs of many lengths padded to :data:`BUCKETS` length buckets (edges chosen on
   the calibration feeds' lengths, :func:`~.static_shapes.pad_to_bucket`), one static library per bucket;
 * ``tvm-relax-tuned``: the static (or bucketed, when the inputs have too many shapes) libraries with
@@ -102,7 +104,8 @@ class TvmRunner:
 
         db = self._tune(shape) if shape and self.tune_time_s > 0 else None
         depth = self.params.get("fuse_max_depth")
-        path, stats = compile_library(self.ctx, shape, db, None if depth is None else int(depth))
+        fast = bool(self.params.get("fast_math"))
+        path, stats = compile_library(self.ctx, shape, db, None if depth is None else int(depth), fast)
         self.stats.update(stats)
         self.path = path
         return relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
@@ -115,9 +118,11 @@ class TvmRunner:
         machine = tvm_tune.machine_key(str(host_target()), tvm.__version__)
         depth = self.params.get("fuse_max_depth")
         depth = None if depth is None else int(depth)
+        fast = bool(self.params.get("fast_math"))
         tag = shape_tag(shape) + ("" if depth is None else f"-fuse{depth}")  # the tasks are the depth's kernels
+        tag += "-fastmath" if fast else ""
         work = tvm_tune.database_dir(machine, _file_digest(self.ctx, src), tag)
-        got = tvm_tune.tune(src, work, self.tune_time_s, self.ctx.threads, depth)
+        got = tvm_tune.tune(src, work, self.tune_time_s, self.ctx.threads, depth, fast_math=fast)
         self.stats["tune_time_s"] = round(float(self.stats["tune_time_s"]) + float(got["tune_time_s"]), 3)
         self.stats["tuning_reused"] = bool(got["tuning_reused"]) and self.stats.get("tuning_reused", True)
         self.stats["trials"] = int(self.stats.get("trials", 0)) + int(got.get("trials", 0))
@@ -197,7 +202,8 @@ def candidates(ctx: BuildContext) -> list[Candidate]:
 
     depth = ctx.cache.get("tvm_fuse_depth")  # --tvm-fuse-depth: every recipe's fusion depth (None: TVM's)
     base = {"source": "fp32-onnx", "target": "host-llvm", "pipeline": "default", "tune_time_s": 0,
-            "fuse_max_depth": None if depth is None else int(depth)}  # fmt: skip
+            "fuse_max_depth": None if depth is None else int(depth),
+            "fast_math": bool(ctx.cache.get("tvm_fast_math"))}  # fmt: skip
     tune_s = float(ctx.cache.get("tune_time_s") or 0)
     tuned = {**base, "static": True, "tune": True, "tune_time_s": tune_s, "pipeline": "metaschedule",
              "trials_per_iter": tvm_tune.PER_ITER, "strategy": tvm_tune.STRATEGY,

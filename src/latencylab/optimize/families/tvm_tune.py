@@ -114,6 +114,7 @@ def tune(
     threads: int,
     fuse_max_depth: int | None = None,
     clock: Clock | None = None,
+    fast_math: bool = False,
 ) -> dict[str, Any]:
     """Tune ``onnx_path`` (static shapes, fused to ``fuse_max_depth``) for ``tune_time_s`` seconds into
     ``work_dir`` unless a finished database is there; returns ``tune_time_s`` (spent, or spent by the search that
@@ -126,7 +127,8 @@ def tune(
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / STARTED).unlink(missing_ok=True)
     depth = "0" if fuse_max_depth is None else str(int(fuse_max_depth))
-    cmd = [sys.executable, "-m", __name__, str(onnx_path), str(work_dir), str(int(threads)), depth]
+    cmd = [sys.executable, "-m", __name__, str(onnx_path), str(work_dir), str(int(threads)), depth,
+           "1" if fast_math else "0"]  # fmt: skip
     t0 = now_ns(clk)
     code, stopped, log = run_to_budget(cmd, work_dir, tune_time_s, GRACE_S, clk)
     spent = (now_ns(clk) - t0) / 1e9
@@ -260,7 +262,9 @@ def in_process_builder() -> Any:
     return InProcessBuilder()
 
 
-def _child(onnx_path: str, work_dir: str, threads: int, fuse_max_depth: int | None) -> dict[str, Any]:
+def _child(
+    onnx_path: str, work_dir: str, threads: int, fuse_max_depth: int | None, fast_math: bool = False
+) -> dict[str, Any]:
     """One MetaSchedule ``tune_relax`` call into ``work_dir``'s JSON database, asked for :data:`MAX_TRIALS`:
     the parent stops it when the budget is spent (:func:`run_to_budget`)."""
     import tvm
@@ -273,7 +277,7 @@ def _child(onnx_path: str, work_dir: str, threads: int, fuse_max_depth: int | No
     signal.signal(signal.SIGSEGV, signal.SIG_DFL)
     host = host_target()
     target = tvm.target.Target({**dict(host.export()), "num-cores": max(1, threads)})
-    mod = fused_for_tuning(relax_module(Path(onnx_path)), target, fuse_max_depth)
+    mod = fused_for_tuning(relax_module(Path(onnx_path), fast_math), target, fuse_max_depth)
     builder = in_process_builder()
     runner = ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)  # its pool is made once: one TVM import
     Path(work_dir, STARTED).write_text("")
@@ -285,7 +289,7 @@ def _child(onnx_path: str, work_dir: str, threads: int, fuse_max_depth: int | No
 
 def main(argv: Mapping[int, str] | list[str]) -> int:
     depth = int(argv[4])
-    out = _child(argv[1], argv[2], int(argv[3]), None if depth == 0 else depth)
+    out = _child(argv[1], argv[2], int(argv[3]), None if depth == 0 else depth, argv[5] == "1")
     print(json.dumps(out), flush=True)
     return 0
 
