@@ -155,21 +155,21 @@ w = Path({str(tmp_path)!r})
 worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 Path({str(worker_pid)!r}).write_text(str(worker.pid))
 (w / {tvm_tune.WORKLOADS!r}).write_text(json.dumps(["hash", {{"mod": "x"}}]) + "\\n")
-(w / {tvm_tune.STARTED!r}).write_text("")
 with (w / {tvm_tune.RECORDS!r}).open("a") as f:
     for i in range(3):
         f.write(json.dumps([0, {{"run_secs": [0.001 * (i + 1)]}}]) + "\\n")
     f.write(json.dumps([1, {{"run_secs": [0.5]}}]) + "\\n")  # a record of a workload that is not there
     f.write('[0, {{"run_se')  # a line cut in mid-write
-    f.flush()
-    time.sleep(600)
+# the marker last: however slow this machine, the stop comes after every line above is written
+(w / {tvm_tune.STARTED!r}).write_text("")
+time.sleep(600)
 """
     clock = PerfCounterClock()
     t0 = now_ns(clock)
     code, stopped, _ = tvm_tune.run_to_budget([sys.executable, "-c", child], tmp_path, 0.5, 60.0, clock)
     assert stopped and code != 0 and (now_ns(clock) - t0) / 1e9 < 60.0  # stopped at the budget, not the grace
     pid = int(worker_pid.read_text())
-    for _ in range(100):  # the worker in the child's group went with it (a zombie is reaped by init)
+    for _ in range(600):  # the worker in the child's group went with it (a zombie is reaped by init)
         try:
             os.kill(pid, 0)
         except ProcessLookupError:

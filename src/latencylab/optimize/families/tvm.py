@@ -102,27 +102,25 @@ class TvmRunner:
         tvm = _tvm()
         from tvm import relax
 
-        db = self._tune(shape) if shape and self.tune_time_s > 0 else None
-        depth = self.params.get("fuse_max_depth")
+        raw = self.params.get("fuse_max_depth")
+        depth = None if raw is None else int(raw)
         fast = bool(self.params.get("fast_math"))
-        path, stats = compile_library(self.ctx, shape, db, None if depth is None else int(depth), fast)
+        db = self._tune(shape, depth, fast) if shape and self.tune_time_s > 0 else None
+        path, stats = compile_library(self.ctx, shape, db, depth, fast)
         self.stats.update(stats)
         self.path = path
         return relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
 
-    def _tune(self, shape: Mapping[str, tuple[int, ...]]) -> Path:
+    def _tune(self, shape: Mapping[str, tuple[int, ...]], depth: int | None, fast: bool) -> Path:
         from latencylab.optimize.families import tvm_build, tvm_tune
 
         tvm = _tvm()
         src = tvm_build.source_for(self.ctx, shape)
         machine = tvm_tune.machine_key(str(host_target()), tvm.__version__)
-        depth = self.params.get("fuse_max_depth")
-        depth = None if depth is None else int(depth)
-        fast = bool(self.params.get("fast_math"))
         tag = shape_tag(shape) + ("" if depth is None else f"-fuse{depth}")  # the tasks are the depth's kernels
         tag += "-fastmath" if fast else ""
         work = tvm_tune.database_dir(machine, _file_digest(self.ctx, src), tag)
-        got = tvm_tune.tune(src, work, self.tune_time_s, self.ctx.threads, depth, fast_math=fast)
+        got = tvm_tune.tune(src, work, self.tune_time_s, self.ctx.threads, depth, fast)
         self.stats["tune_time_s"] = round(float(self.stats["tune_time_s"]) + float(got["tune_time_s"]), 3)
         self.stats["tuning_reused"] = bool(got["tuning_reused"]) and self.stats.get("tuning_reused", True)
         self.stats["trials"] = int(self.stats.get("trials", 0)) + int(got.get("trials", 0))

@@ -202,7 +202,6 @@ def compile_library(
             stats.update(json.loads(info.read_text()))
         return dst, stats
     mod = relax_module(onnx_path, fast_math)
-    stats["kernels"] = kernels(mod, target, fuse_max_depth)
     if database_dir is not None:
         from tvm.s_tir import meta_schedule as ms
 
@@ -212,6 +211,7 @@ def compile_library(
             ex = tvm.relax.build(mod, target=target, relax_pipeline=tuned_pipeline(target, seen))
         stats["kernels"] = int(seen["kernels"])  # what the tuned compile fused and looked up
     else:
+        stats["kernels"] = kernels(mod, target, fuse_max_depth)
         with tvm.transform.PassContext(config=pass_config(fuse_max_depth)):
             ex = tvm.compile(mod, target=target)  # the default Relax and TIR pipelines: fusion, default schedules
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ from latencylab.clock import Clock, PerfCounterClock
 from latencylab.errors import LatencyLabError
 from latencylab.timing import now_ns
 
-# The most trials the one tune_relax call is asked for: the budget stops it long before (2.4 s a trial here)
+# The most trials the one tune_relax call is asked for: the budget stops it long before (~0.5 s a trial here)
 MAX_TRIALS = 1 << 16
 # Random sampling of each task's design space. The evolutionary search (MetaSchedule's default) spent its first
 # 5 minutes on MiniLM's 27 tasks building initial populations before a single trial (measured here, session 28);
@@ -113,13 +113,13 @@ def tune(
     tune_time_s: float,
     threads: int,
     fuse_max_depth: int | None = None,
-    clock: Clock | None = None,
     fast_math: bool = False,
+    clock: Clock | None = None,
 ) -> dict[str, Any]:
-    """Tune ``onnx_path`` (static shapes, fused to ``fuse_max_depth``) for ``tune_time_s`` seconds into
-    ``work_dir`` unless a finished database is there; returns ``tune_time_s`` (spent, or spent by the search that
-    made it), ``trials`` (the records in the database), ``stopped_at_budget``, ``tuning_reused``. A failed or
-    crashed tuning raises a LatencyLabError with the child's last line."""
+    """Tune ``onnx_path`` (static shapes, fused to ``fuse_max_depth``, with ``fast_math``) for ``tune_time_s``
+    seconds into ``work_dir`` unless a finished database is there; returns ``tune_time_s`` (spent, or spent by the
+    search that made it), ``trials`` (the records in the database), ``stopped_at_budget``, ``tuning_reused``. A
+    failed or crashed tuning raises a LatencyLabError with the child's last line."""
     got = reused(work_dir)
     if got is not None:
         return {**got, "tuning_reused": True, "database": str(work_dir)}
