@@ -152,16 +152,20 @@ def test_a_replica_killed_under_load_loses_no_request_silently(served: tuple[str
     timer = threading.Timer(1.5, os.kill, (victim, signal.SIGKILL))
     timer.start()
     try:
-        res, rec = load_test(url, infer_path("fake"), payloads, Poisson(60.0, seed=3), LoadConfig(duration_s=6.0,
+        res, rec = load_test(url, infer_path("fake"), payloads, Poisson(30.0, seed=3), LoadConfig(duration_s=10.0,
                              timeout_s=10.0))  # fmt: skip
     finally:
         timer.cancel()
     s = res.summary
     assert s["sent"] == s["ok"] + s["shed"] + s["error"] == rec.n  # every request has an outcome
-    # the other replica took over: of the requests meant for the last 1.5 s (3 s after the kill; a busy machine
-    # takes Ray longer to route around the dead replica, so not a share of the whole run), most were answered
-    late = rec.intended_ns >= 4.5e9
-    assert late.sum() > 0 and (rec.outcome[late] == 0).mean() >= 0.8, (s, int(late.sum()))
+    # the other replica took over: of the requests meant for the last 2.5 s (6 s after the kill, three of the
+    # controller's 2-s health checks; a busy machine takes Ray longer to route around the dead replica: a CI run
+    # with the judged window 3 s after the kill found 46% answered), most were answered. 30/s, not 60/s: one
+    # survivor on a busy 2-vCPU host answered 60/s 6 s after the kill with 81 of 155 proxy timeouts (408), its own
+    # capacity and not the takeover (checked with a CPU burner beside the test; 30/s passes there)
+    late = rec.intended_ns >= 7.5e9
+    statuses = dict(zip(*np.unique(rec.status[late], return_counts=True), strict=True))
+    assert late.sum() > 0 and (rec.outcome[late] == 0).mean() >= 0.8, (s, int(late.sum()), statuses)
     # every failure is an explicit answer (an HTTP status from the proxy), none a timeout or a lost connection
     assert all(k.startswith("HTTP ") for k in s["errors_by_reason"]), s["errors_by_reason"]
     assert set(rec.status[rec.outcome != 0].tolist()) <= {408, 500, 502, 503}  # 408: the proxy's timeout
